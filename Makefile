@@ -1,0 +1,40 @@
+# The README's two commands: `make main` (set up, then run the main job) and `make test` (set up, then test).
+# Both bootstrap themselves on a fresh Linux machine with Python 3.11: uv comes from PyPI into .tools/, the
+# environment (.venv) comes from uv.lock, and Debian packages that tasks need are installed when run as root.
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+UV := .tools/bin/uv
+VENV_PY := .venv/bin/python
+# Debian packages the default data of some tasks needs (none yet; the speech task will add espeak-ng).
+APT_PACKAGES :=
+
+.PHONY: main test bench setup apt
+
+main: setup
+	$(VENV_PY) benchmarks/attention_speed.py --repeats 5
+
+test: setup
+	$(VENV_PY) -m pytest -q
+
+bench: setup
+	$(VENV_PY) benchmarks/attention_speed.py --out benchmarks/results-cpu.md
+
+setup: apt .venv/.synced
+
+$(UV):
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet "uv==$(UV_VERSION)"
+
+.venv/.synced: $(UV) uv.lock pyproject.toml packages/*/pyproject.toml tasks/*/pyproject.toml
+	$(UV) sync --locked --python $(PYTHON)
+	touch $@
+
+apt:
+ifneq ($(strip $(APT_PACKAGES)),)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq $$missing; \
+		else echo "missing Debian packages: $$missing (run as root, or: sudo apt-get install $$missing)"; exit 1; fi; \
+	fi
+endif

@@ -1,0 +1,127 @@
+"""Forward+backward time and peak memory of every quest_core variant against F.scaled_dot_product_attention.
+
+    .venv/bin/python benchmarks/attention_speed.py [--device cpu|cuda] [--shapes 8,4,256,64 ...] [--out FILE.md]
+
+Times are medians over repeats, measured round-robin across variants in one process so that machine drift hits all
+of them alike; ratios are to plain SDPA in the same run. Peak memory: on CUDA, max_memory_allocated; on CPU, the
+peak RSS (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess per (shape, variant) during one
+forward+backward, minus its RSS once the inputs exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import quest_core as qc
+
+DEFAULT_SHAPES = ["8,4,256,64", "2,8,1024,64", "1,4,4096,64"]
+BASELINE = "sdpa"
+
+
+def make_step(name: str, b: int, h: int, l: int, d: int, device: str, dtype: torch.dtype):
+    """A closure that runs forward+backward of one variant on fresh-grad inputs."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(b, h, l, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+    kernel = None if name == BASELINE else qc.AttentionKernel(name, h, d, device=device, dtype=dtype)
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        out = F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
+        out.sum().backward()
+
+    return step
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_all(names, shape, device, dtype, repeats):
+    steps = {n: make_step(n, *shape, device, dtype) for n in names}
+    for step in steps.values():  # warm-up
+        step()
+    times = {n: [] for n in names}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+def peak_memory_bytes(name, shape, device, dtype) -> int:
+    if device == "cuda":
+        step = make_step(name, *shape, device, dtype)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    code = (
+        "import torch, sys; sys.path.insert(0, 'benchmarks'); from attention_speed import make_step, rss_kib;"
+        f"s = make_step({name!r}, {', '.join(map(str, shape))}, 'cpu', torch.{str(dtype).split('.')[-1]}); "
+        "base = rss_kib('VmRSS'); open('/proc/self/clear_refs', 'w').write('5'); s(); "
+        "print(rss_kib('VmHWM') - base)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1]) * 1024
+
+
+def rss_kib(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak since the last reset via /proc/self/clear_refs) in KiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="B,H,L,D")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", help="also write the Markdown table here")
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    names = [BASELINE, *qc.list_variants()]
+    machine = (
+        torch.cuda.get_device_name() if args.device == "cuda"
+        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
+    )
+    lines = [
+        f"Forward+backward, {dtype}, {args.device} ({machine}), torch {torch.__version__}, median of {args.repeats}.",
+        "",
+        "| B,H,L,D | variant | time (ms) | time / SDPA | peak mem (MiB) | mem / SDPA |",
+        "|---|---|---|---|---|---|",
+    ]
+    for shape_text in args.shapes:
+        shape = tuple(int(x) for x in shape_text.split(","))
+        times = time_all(names, shape, args.device, dtype, args.repeats)
+        mems = {n: peak_memory_bytes(n, shape, args.device, dtype) for n in names}
+        for n in names:
+            lines.append(
+                f"| {shape_text} | {n} | {times[n] * 1e3:.2f} | {times[n] / times[BASELINE]:.3f} | "
+                f"{mems[n] / 2**20:.1f} | {mems[n] / max(1, mems[BASELINE]):.3f} |"
+            )
+        print("\n".join(lines[-len(names):]), flush=True)
+    table = "\n".join(lines)
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
