@@ -1,4 +1,4 @@
-# The README's two commands: `make main` (set up, then run the main job) and `make test` (set up, then test).
+# The README's two commands: `make main` (set up, then run the smoke suite and print its leaderboard) and `make test` (set up, then test).
 # Both bootstrap themselves on a fresh Linux machine with Python 3.11: uv comes from PyPI into .tools/, the
 # environment (.venv) comes from uv.lock, and Debian packages that tasks need are installed when run as root.
 
@@ -9,13 +9,17 @@ VENV_PY := .venv/bin/python
 # Debian packages the default data of some tasks needs (none yet; the speech task will add espeak-ng).
 APT_PACKAGES :=
 
-.PHONY: main test bench setup apt
+.PHONY: main test test-fast bench setup apt
 
 main: setup
-	$(VENV_PY) benchmarks/attention_speed.py --repeats 5
+	.venv/bin/quest-bench sweep --suite smoke
+	.venv/bin/quest-bench leaderboard --suite smoke
 
 test: setup
 	$(VENV_PY) -m pytest -q
+
+test-fast: setup  # skips the end-to-end Ray runs
+	$(VENV_PY) -m pytest -q -m "not slow"
 
 bench: setup
 	$(VENV_PY) benchmarks/attention_speed.py --out benchmarks/results-cpu.md

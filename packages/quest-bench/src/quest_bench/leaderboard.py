@@ -1,0 +1,261 @@
+"""The leaderboard of one suite: Markdown (README.md) and a self-contained index.html with figures.
+
+Per task (and preset): each variant's primary metric mean ± std over its finished runs (seeds × grid cells), the
+paired difference to ``softmax`` on the same seeds and overrides with a bootstrap 95% interval, the task's extra
+metrics, divergence and failure counts, and (for suites with a grid) the primary metric per grid cell.
+Across tasks: each variant's mean win rate over all task metrics (HELM-style). Figures: per-task bars with 95%
+intervals and training curves (loss and telemetry from events.jsonl) averaged over runs per variant.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from quest_bench.result import RunResult  # noqa: E402
+from quest_bench.stats import bootstrap_ci, mean_std, mean_win_rate, paired_difference  # noqa: E402
+from quest_bench.store import Store  # noqa: E402
+
+BASELINE = "softmax"
+CURVE_KEYS = ("loss", "max_logit", "entropy_mean", "k_norm_max", "q_norm_max", "biased_answer_key_norm")
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def pair_key(r: RunResult) -> str:
+    return json.dumps([r.seed, r.overrides], sort_keys=True)
+
+
+def variant_order(variants) -> list[str]:
+    import quest_core
+
+    known = quest_core.list_variants()
+    return sorted(variants, key=lambda v: (known.index(v) if v in known else len(known), v))
+
+
+class TaskBoard:
+    """Everything the leaderboard says about one (task, preset)."""
+
+    def __init__(self, task: str, preset: str, runs: list[RunResult]):
+        self.task, self.preset, self.runs = task, preset, runs
+        first = runs[0]
+        self.primary, self.higher = first.primary_metric, first.higher_is_better
+        self.directions = {self.primary: self.higher, **(first.metric_directions or {})}
+        self.by_variant: dict[str, list[RunResult]] = defaultdict(list)
+        for r in runs:
+            self.by_variant[r.variant].append(r)
+        self.variants = variant_order(self.by_variant)
+
+    @property
+    def title(self) -> str:
+        return f"{self.task} ({self.preset})"
+
+    def ok(self, variant: str) -> list[RunResult]:
+        return [r for r in self.by_variant[variant] if r.status == "ok" and self.primary in r.metrics]
+
+    def values(self, variant: str, metric: str) -> dict[str, float]:
+        return {pair_key(r): r.metrics[metric] for r in self.ok(variant) if metric in r.metrics}
+
+    def row(self, variant: str) -> dict:
+        runs = self.by_variant[variant]
+        vals = list(self.values(variant, self.primary).values())
+        mean, std = mean_std(vals)
+        lo, hi = bootstrap_ci(vals)
+        row = {"variant": variant, "n": len(vals), "mean": mean, "std": std, "ci": (lo, hi),
+               "diverged": sum(r.status == "diverged" for r in runs), "failed": sum(r.status == "failed" for r in runs),
+               "extra": {m: mean_std(list(self.values(variant, m).values())) for m in self.directions if m != self.primary}}
+        if variant != BASELINE and BASELINE in self.by_variant:
+            row["delta"] = paired_difference(self.values(variant, self.primary), self.values(BASELINE, self.primary))
+        return row
+
+    def grid_cells(self) -> list[str]:
+        return sorted({json.dumps(r.overrides, sort_keys=True) for r in self.runs if r.overrides})
+
+
+def group(results: list[RunResult]) -> list[TaskBoard]:
+    groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
+    for r in results:
+        groups[(r.task, r.preset)].append(r)
+    return [TaskBoard(t, p, runs) for (t, p), runs in sorted(groups.items())]
+
+
+def win_rates(boards: list[TaskBoard]) -> dict[str, float]:
+    scores, directions = {}, {}
+    for b in boards:
+        for metric, higher in b.directions.items():
+            scenario = f"{b.title}:{metric}"
+            scores[scenario] = {v: mean_std(list(b.values(v, metric).values()))[0] for v in b.variants}
+            directions[scenario] = higher
+    return mean_win_rate(scores, directions)
+
+
+# ---- figures ----------------------------------------------------------------------------------------------------
+
+def bar_figure(board: TaskBoard, path: Path) -> None:
+    rows = [board.row(v) for v in board.variants]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(rows), 3.2))
+    means = [r["mean"] for r in rows]
+    errors = [[max(0.0, r["mean"] - r["ci"][0]) for r in rows], [max(0.0, r["ci"][1] - r["mean"]) for r in rows]]
+    colors = ["#888888" if r["variant"] == BASELINE else "#3b6fb6" if r["variant"] != "quest" else "#d9622b" for r in rows]
+    ax.bar([r["variant"] for r in rows], means, yerr=errors, capsize=4, color=colors)
+    ax.set_ylabel(f"{board.primary} ({'↑' if board.higher else '↓'})")
+    ax.set_title(f"{board.title}: mean and bootstrap 95% CI", fontsize=9)
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def read_events(store: Store, run_id: str) -> list[dict]:
+    path = store.run_dir(run_id) / "events.jsonl"
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a truncated last line from an interrupted run
+    return rows
+
+
+def curves_figure(board: TaskBoard, store: Store, path: Path) -> bool:
+    """Training curves averaged over each variant's runs; False if no run logged any."""
+    series: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for variant in board.variants:
+        for r in board.by_variant[variant]:
+            for row in read_events(store, r.run_id):
+                for key in CURVE_KEYS:
+                    if key in row and math.isfinite(row[key]):
+                        series[key][variant][row["step"]].append(row[key])
+    keys = [k for k in CURVE_KEYS if k in series]
+    if not keys:
+        return False
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.axis("off")
+    for ax, key in zip(axes.flat, keys):
+        for variant, by_step in series[key].items():
+            steps = sorted(by_step)
+            ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=variant,
+                    lw=2.0 if variant in ("quest", BASELINE) else 1.0)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        if key in ("max_logit", "k_norm_max", "q_norm_max", "biased_answer_key_norm", "loss"):
+            ax.set_yscale("log")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{board.title}: training curves, mean over runs", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---- documents ------------------------------------------------------------------------------------------------
+
+def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]]) -> str:
+    lines = [f"# Leaderboard: suite `{suite}`", ""]
+    total = sum(len(b.runs) for b in boards)
+    lines += [f"{total} runs. Means over finished runs (seeds × grid cells); Δ vs `{BASELINE}` is the mean paired "
+              "difference on the same seed and overrides with a bootstrap 95% interval.", ""]
+    if wins:
+        lines += ["## Mean win rate across task metrics", "", "| variant | mean win rate |", "|---|---|"]
+        lines += [f"| {v} | {fmt(w)} |" for v, w in sorted(wins.items(), key=lambda kv: -kv[1])] + [""]
+    for b in boards:
+        arrow = "higher" if b.higher else "lower"
+        extras = [m for m in b.directions if m != b.primary]
+        lines += [f"## {b.title}", "", f"Primary metric: `{b.primary}` ({arrow} is better).", ""]
+        header = ["variant", "n", f"{b.primary} mean ± std", f"Δ vs {BASELINE} [95% CI]", *extras, "diverged", "failed"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for v in b.variants:
+            r = b.row(v)
+            delta = r.get("delta")
+            delta_text = "—" if not delta or not delta["n_pairs"] else (
+                f"{delta['mean']:+.3f} [{delta['ci_low']:+.3f}, {delta['ci_high']:+.3f}] (n={delta['n_pairs']})")
+            cells = [v, str(r["n"]), f"{fmt(r['mean'])} ± {fmt(r['std'])}", delta_text,
+                     *[f"{fmt(r['extra'][m][0])} ± {fmt(r['extra'][m][1])}" for m in extras],
+                     str(r["diverged"]), str(r["failed"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        cells = b.grid_cells()
+        if len(cells) > 1:
+            lines += [f"`{b.primary}` by grid cell (mean over seeds; n per cell in the first column's header):", ""]
+            lines += ["| overrides | " + " | ".join(b.variants) + " |", "|---|" + "---|" * len(b.variants)]
+            for cell in cells:
+                row = [", ".join(f"{k}={v}" for k, v in json.loads(cell).items())]
+                for v in b.variants:
+                    vals = [r.metrics[b.primary] for r in b.ok(v) if json.dumps(r.overrides, sort_keys=True) == cell]
+                    row.append(f"{fmt(mean_std(vals)[0], 2)} (n={len(vals)})" if vals else "—")
+                lines.append("| " + " | ".join(row) + " |")
+            lines.append("")
+        lines += [f"![{name}]({name})" for name in figures.get(b.title, [])] + [""]
+    return "\n".join(lines)
+
+
+def to_html(suite: str, md_text: str, folder: Path) -> str:
+    """A self-contained page: the Markdown's tables as HTML, images inlined as base64."""
+    out, in_table = [], False
+    for line in md_text.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if set("".join(cells)) <= set("-"):
+                continue
+            tag = "th" if not in_table else "td"
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+            out.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.startswith("!["):
+            name = line[line.index("(") + 1 : -1]
+            data = base64.b64encode((folder / name).read_bytes()).decode()
+            out.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
+        elif line.startswith("## "):
+            out.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("# "):
+            out.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line:
+            out.append(f"<p>{html.escape(line)}</p>")
+    if in_table:
+        out.append("</table>")
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
+             "th{background:#f3f3f3}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>QUEST Bench: {html.escape(suite)}</title>"
+            f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
+
+
+def write_leaderboard(store: Store, suite: str) -> Path:
+    """Write README.md, index.html and the PNG figures to <results>/<suite>/leaderboard/; return that folder."""
+    results = store.load()
+    if not results:
+        raise ValueError(f"suite {suite!r} has no results yet in {store.root}")
+    boards = group(results)
+    folder = store.root / "leaderboard"
+    folder.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, list[str]] = {}
+    for b in boards:
+        stem = f"{b.task}-{b.preset}"
+        bar_figure(b, folder / f"{stem}-bars.png")
+        figures[b.title] = [f"{stem}-bars.png"]
+        if curves_figure(b, store, folder / f"{stem}-curves.png"):
+            figures[b.title].append(f"{stem}-curves.png")
+    md_text = markdown(suite, boards, win_rates(boards), figures)
+    (folder / "README.md").write_text(md_text)
+    (folder / "index.html").write_text(to_html(suite, md_text, folder))
+    return folder

@@ -1,0 +1,108 @@
+"""Execute one RunSpec in this process: build the task's config, run it, time it, and describe the environment.
+
+Test-only fault injection (``QUEST_BENCH_FAULTS``, comma-separated, inherited by Ray workers):
+``crash_once=PATH`` kills the worker process the first time (creating PATH), so a retry must finish the run;
+``diverge_at_step=N`` turns the loss into NaN from step N, so the run must be recorded as diverged.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import socket
+import subprocess
+import time
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from quest_bench.registry import code_version, get_task
+from quest_bench.result import RunResult
+from quest_bench.spec import RunSpec
+from quest_bench.task import Diverged, RunContext
+
+PACKAGES = ("torch", "quest-core", "quest-bench", "numpy", "ray", "timm", "torchvision", "torchaudio")
+REPO_ROOT = Path(__file__).resolve().parents[4]
+
+
+def resolve(spec: RunSpec) -> RunSpec:
+    """Validate a spec (task, preset, variant, config keys) and fill in its code version."""
+    import quest_core
+
+    task = get_task(spec.task)
+    quest_core.get_variant(spec.variant)
+    task.make_config(spec.preset, spec.overrides)
+    return RunSpec(spec.task, spec.variant, spec.preset, spec.seed, dict(spec.overrides), code_version(task))
+
+
+def faults() -> dict[str, str]:
+    text = os.environ.get("QUEST_BENCH_FAULTS", "")
+    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
+def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | None = None,
+            progress: bool = True) -> RunResult:
+    """Run one spec; every outcome (ok, diverged, failed) comes back as a RunResult, nothing is raised."""
+    import torch
+
+    injected = faults()
+    if "crash_once" in injected and not os.path.exists(injected["crash_once"]):
+        Path(injected["crash_once"]).touch()
+        os._exit(17)  # a worker that dies: the driver must retry
+    task = get_task(spec.task)
+    result = RunResult(
+        run_id=spec.run_id, task=spec.task, task_version=task.version, variant=spec.variant, preset=spec.preset,
+        seed=spec.seed, overrides=dict(spec.overrides), status="ok", primary_metric=task.primary_metric,
+        higher_is_better=task.higher_is_better, metric_directions=task.metric_directions(), env=environment(device),
+    )
+    diverge_step = int(injected["diverge_at_step"]) if "diverge_at_step" in injected else None
+    ctx = RunContext(out_dir, spec.variant, spec.seed, device, data_root, progress, fault_diverge_step=diverge_step)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    try:
+        config = task.make_config(spec.preset, spec.overrides)
+        result.config = {k: v for k, v in vars(config).items()}
+        torch.manual_seed(spec.seed)
+        output = task.run(config, ctx)
+        result.metrics, result.data = output.metrics, output.data
+        wall = time.perf_counter() - start
+        result.cost["samples_per_s"] = output.samples_seen / wall if wall > 0 else 0.0
+    except Diverged as err:
+        result.status, result.reason, result.diverged_step = "diverged", err.reason, err.step
+    except Exception as err:  # a failed run is a result too; the traceback goes next to it
+        result.status, result.reason = "failed", f"{type(err).__name__}: {err}"
+        (Path(out_dir) / "error.txt").write_text(traceback.format_exc())
+    finally:
+        ctx.close()
+    result.telemetry = ctx.telemetry_last
+    result.cost["wall_s"] = time.perf_counter() - start
+    result.cost["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if device == "cuda":
+        result.cost["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
+
+
+def environment(device: str) -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return {"packages": versions, "python": platform.python_version(), "host": socket.gethostname(),
+            "device": device, **git_state()}
+
+
+def git_state() -> dict:
+    """The git sha and dirty flag of the checkout this code runs from ("unknown" outside a git checkout)."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=10)
+        if sha.returncode == 0:
+            return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"git_sha": "unknown", "git_dirty": None}

@@ -1,0 +1,41 @@
+"""RunSpec: one run of one task (task × variant × preset × seed × overrides), and its content-addressed id."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PRESETS = ("tiny", "small", "paper")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to run. Two equal specs under the same code version get the same ``run_id``."""
+
+    task: str
+    variant: str
+    preset: str = "tiny"
+    seed: int = 0
+    overrides: dict[str, Any] = field(default_factory=dict)  # task config keys -> values (--set key=value)
+    code_version: str = ""  # task version + quest-core version, filled in by the registry; part of the run_id
+
+    def canonical(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def run_id(self) -> str:
+        """sha256 of the canonical spec (including the code version), 16 hex digits."""
+        return hashlib.sha256(self.canonical().encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "run_id": self.run_id}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunSpec":
+        return cls(**{k: v for k, v in data.items() if k != "run_id"})
+
+    def label(self) -> str:
+        sets = ",".join(f"{k}={v}" for k, v in sorted(self.overrides.items()))
+        return f"{self.task}/{self.variant}/{self.preset}/seed{self.seed}" + (f"[{sets}]" if sets else "")

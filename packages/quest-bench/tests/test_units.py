@@ -1,0 +1,97 @@
+"""Unit tests of the runner's parts: specs, configs, statistics, the store, the context."""
+
+import json
+import math
+
+import pytest
+
+from quest_bench.registry import get_task, task_names
+from quest_bench.result import RunResult
+from quest_bench.spec import RunSpec
+from quest_bench.stats import bootstrap_ci, mean_std, mean_win_rate, paired_difference
+from quest_bench.store import Store
+from quest_bench.task import Diverged, RunContext
+
+
+def test_run_id_is_a_stable_hash_of_spec_and_code_version():
+    a = RunSpec("spurious", "quest", "tiny", 0, {"lr": 0.01, "steps": 5}, "v1")
+    assert a.run_id == RunSpec("spurious", "quest", "tiny", 0, {"steps": 5, "lr": 0.01}, "v1").run_id
+    assert len(a.run_id) == 16
+    for other in (RunSpec("spurious", "quest", "tiny", 1, {"lr": 0.01, "steps": 5}, "v1"),
+                  RunSpec("spurious", "softmax", "tiny", 0, {"lr": 0.01, "steps": 5}, "v1"),
+                  RunSpec("spurious", "quest", "tiny", 0, {"lr": 0.01, "steps": 5}, "v2")):
+        assert other.run_id != a.run_id
+    assert RunSpec.from_json(a.to_json()) == a
+
+
+def test_registry_lists_spurious_and_suggests_on_typos():
+    assert "spurious" in task_names()
+    with pytest.raises(ValueError, match=r"unknown task 'spurios'.*Did you mean 'spurious'"):
+        get_task("spurios")
+
+
+def test_task_config_validation():
+    task = get_task("spurious")
+    cfg = task.make_config("tiny", {"lr": "0.01", "steps": "7", "decay_query_and_scales": "false"})
+    assert (cfg.lr, cfg.steps, cfg.decay_query_and_scales) == (0.01, 7, False)
+    with pytest.raises(ValueError, match="no preset 'huge'; valid presets: tiny, small, paper"):
+        task.make_config("huge", {})
+    with pytest.raises(ValueError, match="no config key 'lrate'; valid keys: .*lr"):
+        task.make_config("tiny", {"lrate": 1})
+    with pytest.raises(ValueError, match="expects int, got 'many'"):
+        task.make_config("tiny", {"steps": "many"})
+
+
+def test_mean_std_and_bootstrap():
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert mean_std([4.0]) == (4.0, 0.0)
+    lo, hi = bootstrap_ci([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert 1.0 <= lo < 3.0 < hi <= 5.0
+    assert bootstrap_ci([2.0, 2.0]) == (2.0, 2.0)
+
+
+def test_paired_difference_uses_only_shared_keys():
+    d = paired_difference({"a": 3.0, "b": 5.0, "c": 9.0}, {"a": 1.0, "b": 1.0, "z": 0.0})
+    assert d["n_pairs"] == 2 and d["mean"] == 3.0 and d["ci_low"] == 2.0 and d["ci_high"] == 4.0
+
+
+def test_mean_win_rate_handles_directions_and_ties():
+    scores = {"acc": {"a": 0.9, "b": 0.8, "c": 0.8}, "loss": {"a": 2.0, "b": 1.0, "c": math.nan}}
+    wins = mean_win_rate(scores, {"acc": True, "loss": False})
+    # acc: a beats both (1.0); b beats nobody, ties c (0.25); c likewise. loss (lower better): b beats a.
+    assert wins == {"a": pytest.approx((1.0 + 0.0) / 2), "b": pytest.approx((0.25 + 1.0) / 2), "c": 0.25}
+
+
+def make_result(run_id, variant="quest", status="ok", value=1.0):
+    return RunResult(run_id=run_id, task="spurious", task_version="1", variant=variant, preset="tiny", seed=0,
+                     overrides={}, status=status, metrics={"robust_success": value}, primary_metric="robust_success")
+
+
+def test_store_roundtrip_rebuild_and_corrupt_folders(tmp_path, capsys):
+    store = Store(tmp_path / "suite")
+    specs = [RunSpec("spurious", v, "tiny", 0, {}, "x") for v in ("quest", "softmax", "qnorm")]
+    for spec, status in zip(specs, ("ok", "diverged", "failed")):
+        store.write(spec, make_result(spec.run_id, spec.variant, status))
+    assert store.finished_ids() == {specs[0].run_id, specs[1].run_id}  # failed runs are run again
+    corrupt = store.runs_dir / "deadbeefdeadbeef"
+    corrupt.mkdir()
+    (corrupt / "result.json").write_text("{not json")
+    store.db_path.unlink()
+    problems = store.rebuild()
+    assert len(problems) == 1 and "deadbeefdeadbeef" in problems[0]
+    assert "skipping corrupt run folder" in capsys.readouterr().err
+    assert sorted(r.variant for r in store.load()) == ["qnorm", "quest", "softmax"]
+    loaded = json.loads((store.run_dir(specs[0].run_id) / "spec.json").read_text())
+    assert loaded["run_id"] == specs[0].run_id
+
+
+def test_context_detects_divergence(tmp_path):
+    ctx = RunContext(tmp_path, "quest", max_logit=100.0)
+    ctx.check(0, 1.0, {"max_logit": 5.0})
+    with pytest.raises(Diverged, match="step 3: loss is nan"):
+        ctx.check(3, float("nan"))
+    with pytest.raises(Diverged, match="max attention logit 1e\\+03 > 100"):
+        ctx.check(4, 1.0, {"max_logit": 1000.0})
+    ctx.log(1, {"loss": 2.0})
+    ctx.close()
+    assert json.loads((tmp_path / "events.jsonl").read_text()) == {"step": 1, "loss": 2.0}
