@@ -95,3 +95,32 @@ def test_context_detects_divergence(tmp_path):
     ctx.log(1, {"loss": 2.0})
     ctx.close()
     assert json.loads((tmp_path / "events.jsonl").read_text()) == {"step": 1, "loss": 2.0}
+
+
+def test_leaderboard_tables_deltas_and_stale_runs(tmp_path):
+    from quest_bench.leaderboard import write_leaderboard
+
+    store = Store(tmp_path / "suite")
+    current = set()
+    for seed, (soft, quest) in enumerate([(0.5, 0.7), (0.6, 0.9), (0.4, 0.6)]):
+        for variant, value in (("softmax", soft), ("quest", quest)):
+            spec = RunSpec("spurious", variant, "tiny", seed, {}, "v2")
+            result = make_result(spec.run_id, variant, value=value)
+            result.seed = seed
+            store.write(spec, result)
+            current.add(spec.run_id)
+    stale = RunSpec("spurious", "quest", "tiny", 0, {}, "v1")
+    store.write(stale, make_result(stale.run_id, "quest", value=-100.0))
+    diverged = RunSpec("spurious", "quest", "tiny", 9, {}, "v2")
+    store.write(diverged, make_result(diverged.run_id, "quest", status="diverged", value=float("nan")))
+    current.add(diverged.run_id)
+
+    folder = write_leaderboard(store, "suite", current)
+    md = (folder / "README.md").read_text()
+    assert "1 runs in the results folder are not part of the suite" in md
+    assert "| softmax | 3 | 0.500 ± 0.100 | — |" in md
+    # quest − softmax = +0.2, +0.3, +0.2 on the same seeds; the diverged run is counted, not averaged
+    assert "| quest | 3 | 0.733 ± 0.153 | +0.233 [+0.200, +0.300] (n=3) |" in md
+    assert md.count("| 1 | 0 |") == 1  # quest: 1 diverged, 0 failed
+    assert "| quest | 1.000 |" in md and "| softmax | 0.000 |" in md  # win rate: one scenario, quest higher
+    assert (folder / "spurious-tiny-bars.png").stat().st_size > 1000

@@ -78,13 +78,17 @@ def cmd_sweep(args) -> int:
 def cmd_leaderboard(args) -> int:
     from quest_bench.leaderboard import write_leaderboard
     from quest_bench.store import Store
-    from quest_bench.suite import suite_name
+    from quest_bench.suite import load_suite, suite_name
 
     name = suite_name(args.suite)
     store = Store(Path(args.results) / name)
     if not store.runs_dir.exists():
         raise ValueError(f"no results for suite {name!r} under {args.results}; run `quest-bench sweep --suite {name}` first")
-    out = write_leaderboard(store, name)
+    try:  # only the runs of the suite as defined now (same specs, same code versions)
+        run_ids = {spec.run_id for spec in load_suite(args.suite).specs}
+    except ValueError:  # no suite file (e.g. results copied from a cluster): every run in the folder
+        run_ids = None
+    out = write_leaderboard(store, name, run_ids)
     print((out / "README.md").read_text())
     print(f"leaderboard: {out / 'README.md'}\n             {out / 'index.html'}")
     return 0

@@ -165,9 +165,13 @@ def curves_figure(board: TaskBoard, store: Store, path: Path) -> bool:
 
 # ---- documents ------------------------------------------------------------------------------------------------
 
-def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]]) -> str:
+def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
+             ignored: int = 0) -> str:
     lines = [f"# Leaderboard: suite `{suite}`", ""]
     total = sum(len(b.runs) for b in boards)
+    if ignored:
+        lines += [f"{ignored} runs in the results folder are not part of the suite as defined now (another code "
+                  "version or suite definition) and are left out.", ""]
     lines += [f"{total} runs. Means over finished runs (seeds × grid cells); Δ vs `{BASELINE}` is the mean paired "
               "difference on the same seed and overrides with a bootstrap 95% interval.", ""]
     if wins:
@@ -191,7 +195,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         lines.append("")
         cells = b.grid_cells()
         if len(cells) > 1:
-            lines += [f"`{b.primary}` by grid cell (mean over seeds; n per cell in the first column's header):", ""]
+            lines += [f"`{b.primary}` by grid cell (mean over the n seeds of each cell):", ""]
             lines += ["| overrides | " + " | ".join(b.variants) + " |", "|---|" + "---|" * len(b.variants)]
             for cell in cells:
                 row = [", ".join(f"{k}={v}" for k, v in json.loads(cell).items())]
@@ -240,9 +244,16 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
             f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
 
 
-def write_leaderboard(store: Store, suite: str) -> Path:
-    """Write README.md, index.html and the PNG figures to <results>/<suite>/leaderboard/; return that folder."""
+def write_leaderboard(store: Store, suite: str, run_ids: set[str] | None = None) -> Path:
+    """Write README.md, index.html and the PNG figures to <results>/<suite>/leaderboard/; return that folder.
+
+    ``run_ids``: the runs of the suite as defined now; others in the folder (older code versions) are left out.
+    """
     results = store.load()
+    ignored = 0
+    if run_ids is not None:
+        kept = [r for r in results if r.run_id in run_ids]
+        ignored, results = len(results) - len(kept), kept
     if not results:
         raise ValueError(f"suite {suite!r} has no results yet in {store.root}")
     boards = group(results)
@@ -255,7 +266,7 @@ def write_leaderboard(store: Store, suite: str) -> Path:
         figures[b.title] = [f"{stem}-bars.png"]
         if curves_figure(b, store, folder / f"{stem}-curves.png"):
             figures[b.title].append(f"{stem}-curves.png")
-    md_text = markdown(suite, boards, win_rates(boards), figures)
+    md_text = markdown(suite, boards, win_rates(boards), figures, ignored)
     (folder / "README.md").write_text(md_text)
     (folder / "index.html").write_text(to_html(suite, md_text, folder))
     return folder

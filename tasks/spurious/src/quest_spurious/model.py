@@ -16,10 +16,12 @@ from quest_core import AttentionKernel
 
 
 class ProbeModel(nn.Module):
-    def __init__(self, variant: str, key_dim: int, num_values: int, head_dim: int = 16, hidden: int = 32):
+    def __init__(self, variant: str, key_dim: int, num_values: int, head_dim: int = 16, hidden: int = 32,
+                 query_init_norm: float = 1.0):
         super().__init__()
         self.key_net = nn.Sequential(nn.Linear(key_dim, hidden), nn.GELU(), nn.Linear(hidden, head_dim))
-        self.query = nn.Parameter(torch.randn(head_dim) * head_dim**-0.5)
+        query = torch.randn(head_dim)
+        self.query = nn.Parameter(query / query.norm() * query_init_norm)  # ‖q‖ is QUEST's initial temperature
         self.kernel = AttentionKernel(variant, num_heads=1, head_dim=head_dim)
         self.out = nn.Linear(num_values, num_values)
 

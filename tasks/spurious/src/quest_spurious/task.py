@@ -36,6 +36,7 @@ class SpuriousConfig:
     data_seed: int = 0  # fixes b (shared by all runs)
     head_dim: int = 16
     hidden: int = 32
+    query_init_norm: float = 1.0  # ‖q‖ at init: QUEST's (and softmax's) initial inverse temperature
     steps: int = 1500
     batch_size: int = 128
     lr: float = 3e-3
@@ -53,7 +54,7 @@ class SpuriousConfig:
 
 class SpuriousTask(Task):
     name = "spurious"
-    version = "1"
+    version = "2"
     primary_metric = "robust_success"
     higher_is_better = True
     leaderboard_metrics = {"robust_fraction": True, "unbiased_acc": True, "biased_acc": True}
@@ -66,7 +67,8 @@ class SpuriousTask(Task):
         device = torch.device(ctx.device)
         data = cfg.data()
         train_gen = torch.Generator().manual_seed(ctx.seed)
-        model = ProbeModel(ctx.variant, cfg.key_dim, cfg.num_values, cfg.head_dim, cfg.hidden).to(device)
+        model = ProbeModel(ctx.variant, cfg.key_dim, cfg.num_values, cfg.head_dim, cfg.hidden, cfg.query_init_norm)
+        model = model.to(device)
         optimizer = make_optimizer(model, cfg)
         schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay
             optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))
