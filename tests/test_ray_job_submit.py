@@ -2,7 +2,10 @@
 
 import json
 import socket
+import shutil
 import subprocess
+import tempfile
+import time
 
 import pytest
 
@@ -20,8 +23,16 @@ def free_port() -> int:
 def test_ray_job_submit_runs_a_sweep_on_a_loopback_cluster(tmp_path):
     env = cli_env()
     gcs_port, dash_port = free_port(), free_port()
+    # A short private temp dir (Ray's socket paths must stay under 107 bytes) that names this cluster's processes,
+    # so the test stops only them: `ray stop` would kill every Ray instance on the machine.
+    ray_dir = tempfile.mkdtemp(prefix="qb-ray-", dir="/tmp")
     start = subprocess.run(
-        [str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}", "--num-cpus=2",
+        [str(BIN / "ray"), "start", "--head", f"--temp-dir={ray_dir}", "--node-ip-address=127.0.0.1",
+         f"--port={gcs_port}", "--num-cpus=2",
+         # explicit free ports: another Ray instance on this machine (e.g. a local sweep) holds the default ones
+         *(f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                  "runtime-env-agent-port", "metrics-export-port",
+                                                  "ray-client-server-port")),
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
          "--disable-usage-stats"],
         capture_output=True, text=True, env=env, timeout=120,
@@ -30,15 +41,19 @@ def test_ray_job_submit_runs_a_sweep_on_a_loopback_cluster(tmp_path):
     try:
         suite = write_suite(tmp_path, "jobsubmit", variants=("softmax", "quest"), seeds=(0,))
         results = tmp_path / "results"  # absolute: the job runs in a copy of the working dir
-        job = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash_port}", "--working-dir", ".",
-             "--runtime-env", "infra/runtime_env.yaml", "--",
-             "quest-bench", "sweep", "--suite", str(suite), "--results", str(results)],
-            capture_output=True, text=True, env=env, timeout=300, cwd=REPO,
-        )
+        submit = [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash_port}",
+                  "--working-dir", ".", "--runtime-env", "infra/runtime_env.yaml", "--",
+                  "quest-bench", "sweep", "--suite", str(suite), "--results", str(results)]
+        deadline = time.time() + 90
+        while True:  # the job agent can come up a few seconds after `ray start` returns (Ray answers 500)
+            job = subprocess.run(submit, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+            if "No available agent to submit job" not in job.stderr + job.stdout or time.time() > deadline:
+                break
+            time.sleep(3)
         assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]
         assert "succeeded" in (job.stdout + job.stderr)
         files = sorted((results / "jobsubmit" / "runs").glob("*/result.json"))
         assert [json.loads(f.read_text())["status"] for f in files] == ["ok", "ok"]
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env, timeout=120)
+        subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)  # GCS, raylet, dashboard, agents of this head
+        shutil.rmtree(ray_dir, ignore_errors=True)

@@ -124,3 +124,23 @@ def test_leaderboard_tables_deltas_and_stale_runs(tmp_path):
     assert md.count("| 1 | 0 |") == 1  # quest: 1 diverged, 0 failed
     assert "| quest | 1.000 |" in md and "| softmax | 0.000 |" in md  # win rate: one scenario, quest higher
     assert (folder / "spurious-tiny-bars.png").stat().st_size > 1000
+
+
+def test_leaderboard_mce_relative_to_softmax(tmp_path):
+    from quest_bench.leaderboard import write_leaderboard
+
+    store = Store(tmp_path / "suite")
+    errors = {"softmax": {"fog": 2.0, "noise": 1.0}, "quest": {"fog": 1.0, "noise": 0.75}}
+    for variant, errs in errors.items():
+        for seed in (0, 1):
+            spec = RunSpec("image-cls", variant, "tiny", seed, {}, "v1")
+            result = make_result(spec.run_id, variant, value=0.9)
+            result.task, result.seed = "image-cls", seed
+            result.metrics.update({f"corruption_error/{c}": e for c, e in errs.items()})
+            store.write(spec, result)
+    md = (write_leaderboard(store, "suite") / "README.md").read_text()
+    assert "mCE vs softmax (%) ↓" in md
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| softmax |") or line.startswith("| quest |")}
+    assert rows["softmax"].endswith("| 100.0 | 0 | 0 |")  # the reference
+    assert rows["quest"].endswith("| 62.5 | 0 | 0 |")  # (1.0/2.0 + 0.75/1.0) / 2
+    assert "| quest | 0.750 |" in md  # win rate: accuracy tied (0.5), mCE lower (1.0)

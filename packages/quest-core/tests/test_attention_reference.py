@@ -148,3 +148,10 @@ def test_gradients_match_reference(variant):
     reference(q, k, v, variant, is_causal=True, q_gain=gains(kernel)[0], k_gain=gains(kernel)[1]).square().sum().backward()
     for g, t in zip(got, (q, k, v)):
         torch.testing.assert_close(g, t.grad)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_probs_are_the_weights_the_kernel_uses(variant):
+    q, k, v = rand(2, 2, 5, 8, seed=13), rand(2, 2, 6, 8, seed=14), rand(2, 2, 6, 8, seed=15)
+    kernel = make_kernel(variant, 2, 8)
+    torch.testing.assert_close(kernel.probs(q, k) @ v, kernel(q, k, v))

@@ -13,6 +13,8 @@ import base64
 import html
 import json
 import math
+import os
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from quest_bench.stats import bootstrap_ci, mean_std, mean_win_rate, paired_diff
 from quest_bench.store import Store  # noqa: E402
 
 BASELINE = "softmax"
+CORRUPTION_PREFIX = "corruption_error/"  # per-run error summed over severities, one metric per corruption
+LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")  # Markdown links, for the HTML page
 CURVE_KEYS = ("loss", "max_logit", "entropy_mean", "k_norm_max", "q_norm_max", "biased_answer_key_norm")
 
 
@@ -79,6 +83,30 @@ class TaskBoard:
             row["delta"] = paired_difference(self.values(variant, self.primary), self.values(BASELINE, self.primary))
         return row
 
+    def corruptions(self) -> list[str]:
+        names = {m for r in self.runs for m in r.metrics if m.startswith(CORRUPTION_PREFIX)}
+        return sorted(n[len(CORRUPTION_PREFIX):] for n in names)
+
+    def mce(self, variant: str) -> float:
+        """Mean corruption error (Hendrycks & Dietterich 2019) relative to softmax, in %: per corruption, the
+        variant's error summed over severities (mean over runs) / softmax's; then the mean over corruptions."""
+        ratios = []
+        for c in self.corruptions():
+            ours = mean_std(list(self.values(variant, CORRUPTION_PREFIX + c).values()))[0]
+            base = mean_std(list(self.values(BASELINE, CORRUPTION_PREFIX + c).values()))[0]
+            if math.isfinite(ours) and math.isfinite(base) and base > 0:
+                ratios.append(ours / base)
+        return 100 * sum(ratios) / len(ratios) if ratios else float("nan")
+
+    def figure_links(self, store_root: Path, folder: Path) -> list[str]:
+        """Markdown links to each variant's per-run figures (first finished run), relative to ``folder``."""
+        links = []
+        for v in self.variants:
+            runs = sorted(self.ok(v), key=lambda r: r.seed)
+            pngs = sorted((store_root / "runs" / runs[0].run_id).glob("*.png")) if runs else []
+            links += [f"[{v}: {p.stem} (seed {runs[0].seed})]({os.path.relpath(p, folder)})" for p in pngs]
+        return links
+
     def grid_cells(self) -> list[str]:
         return sorted({json.dumps(r.overrides, sort_keys=True) for r in self.runs if r.overrides})
 
@@ -97,6 +125,9 @@ def win_rates(boards: list[TaskBoard]) -> dict[str, float]:
             scenario = f"{b.title}:{metric}"
             scores[scenario] = {v: mean_std(list(b.values(v, metric).values()))[0] for v in b.variants}
             directions[scenario] = higher
+        if b.corruptions() and BASELINE in b.variants:
+            scores[f"{b.title}:mCE"] = {v: b.mce(v) for v in b.variants}
+            directions[f"{b.title}:mCE"] = False
     return mean_win_rate(scores, directions)
 
 
@@ -166,7 +197,7 @@ def curves_figure(board: TaskBoard, store: Store, path: Path) -> bool:
 # ---- documents ------------------------------------------------------------------------------------------------
 
 def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
-             ignored: int = 0) -> str:
+             ignored: int = 0, links: dict[str, list[str]] | None = None) -> str:
     lines = [f"# Leaderboard: suite `{suite}`", ""]
     total = sum(len(b.runs) for b in boards)
     if ignored:
@@ -181,7 +212,9 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         arrow = "higher" if b.higher else "lower"
         extras = [m for m in b.directions if m != b.primary]
         lines += [f"## {b.title}", "", f"Primary metric: `{b.primary}` ({arrow} is better).", ""]
-        header = ["variant", "n", f"{b.primary} mean ± std", f"Δ vs {BASELINE} [95% CI]", *extras, "diverged", "failed"]
+        with_mce = bool(b.corruptions()) and BASELINE in b.variants
+        header = ["variant", "n", f"{b.primary} mean ± std", f"Δ vs {BASELINE} [95% CI]", *extras,
+                  *(["mCE vs softmax (%) ↓"] if with_mce else []), "diverged", "failed"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for v in b.variants:
             r = b.row(v)
@@ -190,7 +223,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                 f"{delta['mean']:+.3f} [{delta['ci_low']:+.3f}, {delta['ci_high']:+.3f}] (n={delta['n_pairs']})")
             cells = [v, str(r["n"]), f"{fmt(r['mean'])} ± {fmt(r['std'])}", delta_text,
                      *[f"{fmt(r['extra'][m][0])} ± {fmt(r['extra'][m][1])}" for m in extras],
-                     str(r["diverged"]), str(r["failed"])]
+                     *([fmt(b.mce(v), 1)] if with_mce else []), str(r["diverged"]), str(r["failed"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         cells = b.grid_cells()
@@ -204,7 +237,12 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                     row.append(f"{fmt(mean_std(vals)[0], 2)} (n={len(vals)})" if vals else "—")
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
+        if with_mce:
+            lines += [f"mCE: per corruption ({', '.join(b.corruptions())}), error summed over 5 severities relative "
+                      f"to `{BASELINE}` (mean over runs), averaged over corruptions; 100 = as robust as `{BASELINE}`.", ""]
         lines += [f"![{name}]({name})" for name in figures.get(b.title, [])] + [""]
+        if links and links.get(b.title):
+            lines += ["Per-run figures: " + " · ".join(links[b.title]), ""]
     return "\n".join(lines)
 
 
@@ -234,7 +272,7 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
         elif line.startswith("# "):
             out.append(f"<h1>{html.escape(line[2:])}</h1>")
         elif line:
-            out.append(f"<p>{html.escape(line)}</p>")
+            out.append("<p>" + LINK.sub(r'<a href="\2">\1</a>', html.escape(line)) + "</p>")
     if in_table:
         out.append("</table>")
     style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
@@ -266,7 +304,8 @@ def write_leaderboard(store: Store, suite: str, run_ids: set[str] | None = None)
         figures[b.title] = [f"{stem}-bars.png"]
         if curves_figure(b, store, folder / f"{stem}-curves.png"):
             figures[b.title].append(f"{stem}-curves.png")
-    md_text = markdown(suite, boards, win_rates(boards), figures, ignored)
+    links = {b.title: b.figure_links(store.root, folder) for b in boards}
+    md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links)
     (folder / "README.md").write_text(md_text)
     (folder / "index.html").write_text(to_html(suite, md_text, folder))
     return folder

@@ -99,9 +99,9 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
                     result, files = failed_result(spec, f"worker died ({max_retries} retries): {type(err).__name__}"), {}
                 write_run(store, spec, result, files)
                 counts[result.status] += 1
+                bar.set_postfix(running=min(len(pending), slots), ok=counts["ok"], diverged=counts["diverged"],
+                                failed=counts["failed"], refresh=False)
                 bar.update(1)
-            bar.set_postfix(running=min(len(pending), slots), ok=counts["ok"], diverged=counts["diverged"],
-                            failed=counts["failed"], refresh=False)
     finally:
         bar.close()
         if started_here:

@@ -51,6 +51,17 @@ class AttentionKernel(nn.Module):
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}, num_heads={self.num_heads}, head_dim={self.head_dim}"
 
+    def probs(
+        self, q_bhld: torch.Tensor, k_bhld: torch.Tensor, attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False, scale: float | None = None,
+    ) -> torch.Tensor:
+        """The (B, H, Lq, Lk) attention matrix this kernel uses for q and k (materialised: for figures)."""
+        q_bhld, k_bhld = transform_qk(
+            self.spec, q_bhld, k_bhld, getattr(self, "q_gain", None), getattr(self, "k_gain", None)
+        )
+        scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
+        return attention_probs(q_bhld, k_bhld, scale, attn_mask, is_causal)
+
     def forward(
         self,
         q_bhld: torch.Tensor,

@@ -1,0 +1,109 @@
+"""Image datasets: the shipped digits (default) and real layouts read from ``--data-root``.
+
+Every dataset yields (image float (C, H, W) in [0, 1], label); normalisation lives in the model, so corruptions and
+attacks work in pixel space.
+
+| dataset  | where                                                   | reader                                        |
+|----------|---------------------------------------------------------|-----------------------------------------------|
+| digits   | shipped: data/mnist_5k.npz (5,000 MNIST digits)         | 400 train / 100 test per class, fixed split   |
+| cifar10  | <root>/cifar-10-batches-py/ (the python pickle batches) | torchvision.datasets.CIFAR10, no download     |
+| cifar100 | <root>/cifar-100-python/                                | torchvision.datasets.CIFAR100, no download    |
+| imagenet | <root>/train/<wnid>/*.JPEG, <root>/val/<wnid>/*.JPEG    | torchvision.datasets.ImageFolder              |
+| ImageNet-C | <root>/imagenet-c/<corruption>/<severity>/<wnid>/*  | ImageFolder, classes mapped to train's        |
+| ImageNet-A | <root>/imagenet-a/<wnid>/*                          | ImageFolder over its 200 wnids; logits restricted to them |
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+from torchvision import datasets, transforms
+
+DIGITS_FILE = "mnist_5k.npz"
+MEAN_STD = {"digits": ((0.1307,), (0.3081,)), "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+            "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+            "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "imagenet": 1000}
+CHANNELS = {"digits": 1, "cifar10": 3, "cifar100": 3, "imagenet": 3}
+
+
+def digits_path() -> Path:
+    return Path(str(resources.files("quest_image_cls") / "data" / DIGITS_FILE))
+
+
+def load_digits() -> tuple[TensorDataset, TensorDataset, str]:
+    """The shipped digits split 400/100 per class (fixed), and the file's sha256 (first 16 hex digits)."""
+    path = digits_path()
+    with np.load(path) as f:
+        images, labels = f["images"], f["labels"].astype(np.int64)
+    rng = np.random.default_rng(0)
+    test_idx = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:100] for c in range(10)])
+    is_test = np.zeros(len(labels), dtype=bool)
+    is_test[test_idx] = True
+    x = torch.from_numpy(images).float().div(255).unsqueeze(1)
+    y = torch.from_numpy(labels)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return TensorDataset(x[~is_test], y[~is_test]), TensorDataset(x[is_test], y[is_test]), digest
+
+
+def require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise FileNotFoundError(f"{what} not found at {path} (see quest_image_cls.data for the expected layout)")
+    return path
+
+
+def cifar(root: Path, name: str, train: bool, transform) -> Dataset:
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    require(root / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"), name)
+    return cls(str(root), train=train, transform=transform, download=False)
+
+
+def imagenet(root: Path, split: str, transform) -> datasets.ImageFolder:
+    return datasets.ImageFolder(str(require(root / split, f"ImageNet {split} folder")), transform=transform)
+
+
+def imagenet_c(root: Path, corruption: str, severity: int, class_to_idx: dict[str, int], transform) -> Dataset:
+    """One (corruption, severity) of ImageNet-C, labelled with the training set's class indices."""
+    folder = require(root / "imagenet-c" / corruption / str(severity), "ImageNet-C")
+    ds = datasets.ImageFolder(str(folder), transform=transform)
+    remap = [class_to_idx[c] for c in ds.classes]
+    ds.target_transform = remap.__getitem__
+    return ds
+
+
+def imagenet_c_corruptions(root: Path | None) -> list[str]:
+    folder = Path(root or "/nonexistent") / "imagenet-c"
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
+
+
+def imagenet_a(root: Path, class_to_idx: dict[str, int], transform) -> tuple[Dataset, list[int]]:
+    """ImageNet-A with labels as 1k indices, and the 1k indices of its classes (to restrict the logits to)."""
+    ds = datasets.ImageFolder(str(require(root / "imagenet-a", "ImageNet-A")), transform=transform)
+    subset = [class_to_idx[c] for c in ds.classes]
+    ds.target_transform = subset.__getitem__
+    return ds, subset
+
+
+def train_transform(dataset: str, img_size: int, randaugment: str = ""):
+    """Training augmentation: light crop/flip for small data; timm's RandAugment pipeline for ImageNet."""
+    if dataset == "imagenet":
+        from timm.data import create_transform
+
+        return create_transform(img_size, is_training=True, auto_augment=randaugment or None, interpolation="bicubic",
+                                re_prob=0.25, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # normalising is in the model
+    if dataset == "digits":
+        return None  # tensors already; see augment_digits
+    return transforms.Compose([transforms.RandomCrop(img_size, padding=4), transforms.RandomHorizontalFlip(),
+                               transforms.ToTensor()])
+
+
+def eval_transform(dataset: str, img_size: int):
+    if dataset == "imagenet":
+        return transforms.Compose([transforms.Resize(int(img_size / 0.875), interpolation=transforms.InterpolationMode.BICUBIC),
+                                   transforms.CenterCrop(img_size), transforms.ToTensor()])
+    return transforms.ToTensor()
