@@ -175,3 +175,11 @@ def test_imagenet_layout_runs_end_to_end_with_imagenet_c_and_a(tmp_path):
     assert set(result.metrics) >= {"test_acc", "corruption_acc/fog", "corruption_error/fog", "imagenet_a_acc",
                                    "fgsm_acc", "pgd_acc"}
     assert (tmp_path / "run" / "attention.png").exists()
+
+
+@pytest.mark.slow  # ~2 minutes: ART's AutoAttack ensemble includes a 5,000-query Square attack
+def test_autoattack_runs_and_is_at_least_as_strong_as_pgd(trained):
+    model, (x, y), _ = trained
+    adv = adversarial_accuracy(model, x[:4], y[:4], 10, eps=8 / 255, pgd_steps=10, pgd_step_size=2 / 255,
+                               autoattack=True, device="cpu", batch_size=4)  # 4 images: AutoAttack is slow
+    assert adv["autoattack_acc"] <= adv["pgd_acc"]
