@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/attention_speed.py [--device cpu|cuda] [--shapes 8,4,256,64 ...] [--out FILE.md]
 
-Times are medians over repeats, measured round-robin across variants in one process so that machine drift hits all
+Times are medians over rounds (at least --repeats, and enough for --min-seconds per variant), measured round-robin across variants in one process so that machine drift hits all
 of them alike; ratios are to plain SDPA in the same run. Peak memory: on CUDA, max_memory_allocated; on CPU, the
 peak RSS (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess per (shape, variant) during one
 forward+backward, minus its RSS once the inputs exist.
@@ -11,6 +11,7 @@ forward+backward, minus its RSS once the inputs exist.
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import statistics
 import subprocess
@@ -46,10 +47,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_all(names, shape, device, dtype, repeats):
+def time_all(names, shape, device, dtype, repeats, min_seconds):
+    """Median step time per variant; at least ``repeats`` rounds, more until each variant got ``min_seconds``."""
     steps = {n: make_step(n, *shape, device, dtype) for n in names}
     for step in steps.values():  # warm-up
+        sync(device)
+        start = time.perf_counter()
         step()
+        sync(device)
+        first = time.perf_counter() - start
+    repeats = max(repeats, math.ceil(min_seconds / max(first, 1e-6)))
     times = {n: [] for n in names}
     for _ in range(repeats):
         for name, step in steps.items():
@@ -91,7 +98,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="B,H,L,D")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=10, help="minimum rounds (round-robin over variants)")
+    parser.add_argument("--min-seconds", type=float, default=2.0, help="minimum measured time per variant and shape")
     parser.add_argument("--out", help="also write the Markdown table here")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
@@ -101,14 +109,15 @@ def main(argv=None) -> None:
         else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
     )
     lines = [
-        f"Forward+backward, {dtype}, {args.device} ({machine}), torch {torch.__version__}, median of {args.repeats}.",
+        f"Forward+backward, {dtype}, {args.device} ({machine}), torch {torch.__version__}, median of ≥ {args.repeats} "
+        f"rounds and ≥ {args.min_seconds:g} s per variant.",
         "",
         "| B,H,L,D | variant | time (ms) | time / SDPA | peak mem (MiB) | mem / SDPA |",
         "|---|---|---|---|---|---|",
     ]
     for shape_text in args.shapes:
         shape = tuple(int(x) for x in shape_text.split(","))
-        times = time_all(names, shape, args.device, dtype, args.repeats)
+        times = time_all(names, shape, args.device, dtype, args.repeats, args.min_seconds)
         mems = {n: peak_memory_bytes(n, shape, args.device, dtype) for n in names}
         for n in names:
             lines.append(

@@ -40,6 +40,11 @@ def test_task_config_validation():
         task.make_config("tiny", {"lrate": 1})
     with pytest.raises(ValueError, match="expects int, got 'many'"):
         task.make_config("tiny", {"steps": "many"})
+    with pytest.raises(ValueError, match="expects int, got 3.5"):
+        task.make_config("tiny", {"steps": 3.5})
+    with pytest.raises(ValueError, match="expects bool, got 'maybe'"):
+        task.make_config("tiny", {"decay_query_and_scales": "maybe"})
+    assert task.make_config("tiny", {"lr": 1, "steps": "12"}).lr == 1.0
 
 
 def test_mean_std_and_bootstrap():

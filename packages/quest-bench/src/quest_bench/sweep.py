@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from tqdm.auto import tqdm

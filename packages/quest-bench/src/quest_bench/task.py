@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,7 +38,7 @@ class TaskOutput:
     samples_seen: int = 0  # training samples processed (for throughput)
 
 
-class Task:
+class Task(abc.ABC):
     """Base class of a task plug-in. Subclasses set the class attributes and implement ``run``.
 
     ``config_class`` is a dataclass with the task's defaults; ``presets`` maps a preset name to overrides of
@@ -74,24 +74,29 @@ class Task:
             values[key] = coerce(value, type(getattr(self.config_class(), key)), key)
         return self.config_class(**values)
 
+    @abc.abstractmethod
     def run(self, config: Any, ctx: "RunContext") -> TaskOutput:
-        raise NotImplementedError
+        """Build data and model from ``config``, train, evaluate; report through ``ctx``."""
 
 
 def coerce(value: Any, kind: type, key: str) -> Any:
-    """Turn a --set string (or YAML value) into the field's type, with a clear error."""
-    if not isinstance(value, str) or kind is str:
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
-    try:
-        if kind is bool:
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1")
-        return kind(value)
-    except ValueError:
-        raise ValueError(f"config key {key!r} expects {kind.__name__}, got {value!r}") from None
+    """Turn a --set string or a YAML value into the field's type, or fail with a clear error."""
+    if kind is str:
+        return str(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if kind is bool and text in ("true", "false", "1", "0"):
+            return text in ("true", "1")
+        try:
+            value = int(text) if kind is int else float(text) if kind is float else value
+        except ValueError:
+            pass
+    ok = (isinstance(value, bool) if kind is bool else
+          isinstance(value, int) and not isinstance(value, bool) if kind is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else True)
+    if not ok:
+        raise ValueError(f"config key {key!r} expects {kind.__name__}, got {value!r}")
+    return float(value) if kind is float else value
 
 
 class RunContext:
@@ -129,7 +134,3 @@ class RunContext:
 
     def close(self) -> None:
         self._events.close()
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false")
