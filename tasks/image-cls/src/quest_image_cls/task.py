@@ -74,8 +74,6 @@ class ImageClsTask(Task):
                  "paper": Resources(num_cpus=10, num_gpus=1)}
 
     def run(self, cfg: ImageClsConfig, ctx) -> TaskOutput:
-        if ctx.device == "cpu" and cfg.dataset == "digits":
-            torch.set_num_threads(1)
         device = torch.device(ctx.device)
         train_set, test_set, data_id = load_data(cfg, ctx.data_root)
         vit = build_vit(ctx.variant, cfg.img_size, cfg.patch_size, D.CHANNELS[cfg.dataset], D.NUM_CLASSES[cfg.dataset],
