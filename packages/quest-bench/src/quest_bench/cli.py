@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="run a suite (tasks × variants × seeds × presets × grid) on Ray")
     sweep.add_argument("--suite", required=True, help="suite name (configs/suites/NAME.yaml) or path")
-    sweep.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray instance)")
+    sweep.add_argument("--address", help="Ray cluster to join: GCS host:port or 'auto' (default: RAY_ADDRESS, "
+                       "else a local Ray instance sized to this machine)")
     sweep.add_argument("--results", default="results", help="results folder (default: ./results)")
     sweep.add_argument("--data-root", help="folder with real datasets, as seen from the workers")
     sweep.add_argument("--max-retries", type=int, default=2, help="retries of a run whose worker died")

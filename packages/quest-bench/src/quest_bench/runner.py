@@ -90,7 +90,7 @@ def environment(device: str) -> dict:
         try:
             versions[name] = version(name)
         except PackageNotFoundError:
-            pass
+            pass  # not installed in this environment: not recorded
     return {"packages": versions, "python": platform.python_version(), "host": socket.gethostname(),
             "device": device, **git_state()}
 
@@ -104,5 +104,5 @@ def git_state() -> dict:
         if sha.returncode == 0:
             return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
-        pass
+        pass  # no git on this worker: recorded as unknown below
     return {"git_sha": "unknown", "git_dirty": None}

@@ -90,7 +90,7 @@ def coerce(value: Any, kind: type, key: str) -> Any:
         try:
             value = int(text) if kind is int else float(text) if kind is float else value
         except ValueError:
-            pass
+            pass  # not a number: the type check below reports it
     ok = (isinstance(value, bool) if kind is bool else
           isinstance(value, int) and not isinstance(value, bool) if kind is int else
           isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else True)
