@@ -84,8 +84,14 @@ class Store:
                 print(p, file=sys.stderr)
         return results, problems
 
-    def finished_ids(self) -> set[str]:
-        results, _ = self.scan()
+    def sync(self) -> set[str]:
+        """Rebuild the database from the run folders and return the finished run_ids.
+
+        A driver killed between writing result.json and its database row leaves the two out of step; the sweep
+        calls this first, so the folders (the source of truth) always win.
+        """
+        self.rebuild()
+        results, _ = self.scan(warn=False)
         return {r.run_id for r in results if r.status in FINISHED}
 
     def rebuild(self) -> list[str]:

@@ -58,13 +58,12 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
     import ray
 
     store = Store(Path(results_dir) / suite.name)
-    done = store.finished_ids()
+    done = store.sync()
     todo = [s for s in suite.specs if s.run_id not in done]
     counts = {"skipped": len(suite.specs) - len(todo), "ok": 0, "diverged": 0, "failed": 0}
     print(f"suite {suite.name}: {len(suite.specs)} runs, {counts['skipped']} already finished, {len(todo)} to run"
           f" -> {store.root}", file=sys.stderr)
     if not todo:
-        store.rebuild()
         return counts
 
     address = address or os.environ.get("RAY_ADDRESS")
