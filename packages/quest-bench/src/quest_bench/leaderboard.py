@@ -5,6 +5,11 @@ paired difference to ``softmax`` on the same seeds and overrides with a bootstra
 metrics, divergence and failure counts, and (for suites with a grid) the primary metric per grid cell.
 Across tasks: each variant's mean win rate over all task metrics (HELM-style). Figures: per-task bars with 95%
 intervals and training curves (loss and telemetry from events.jsonl) averaged over runs per variant.
+
+Stability margin: when a suite sweeps the learning rate (grid key ``lr``, at least 3 values) of a task whose runs
+report ``stable`` (1 = trained without divergence or loss spikes), each variant's margin is the largest rate at
+which it, and every smaller rate of the grid, was stable on every seed; plus a plot of the primary metric against
+the rate.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from quest_bench.store import Store  # noqa: E402
 BASELINE = "softmax"
 CORRUPTION_PREFIX = "corruption_error/"  # per-run error summed over severities, one metric per corruption
 LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")  # Markdown links, for the HTML page
+MARGIN_AXIS, STABLE = "lr", "stable"
 CURVE_KEYS = ("loss", "max_logit", "entropy_mean", "k_norm_max", "q_norm_max", "biased_answer_key_norm")
 
 
@@ -109,6 +115,32 @@ class TaskBoard:
 
     def grid_cells(self) -> list[str]:
         return sorted({json.dumps(r.overrides, sort_keys=True) for r in self.runs if r.overrides})
+
+    def margin_rates(self) -> list[float]:
+        """The swept learning rates, if this board has a stability-margin section (else [])."""
+        rates = sorted({float(r.overrides[MARGIN_AXIS]) for r in self.runs if MARGIN_AXIS in r.overrides})
+        reports = any(STABLE in r.metrics for r in self.runs)
+        return rates if len(rates) >= 3 and reports else []
+
+    def at_rate(self, variant: str, rate: float) -> list[RunResult]:
+        return [r for r in self.by_variant[variant] if float(r.overrides.get(MARGIN_AXIS, math.nan)) == rate]
+
+    def margin(self, variant: str) -> dict:
+        """Largest stable rate (None if even the smallest was not), stable/total runs, best mean primary and its rate."""
+        largest, stable_runs, total, best, best_rate = None, 0, 0, math.nan, math.nan
+        contiguous = True
+        for rate in self.margin_rates():
+            runs = self.at_rate(variant, rate)
+            stable = [r.status == "ok" and r.metrics.get(STABLE) == 1.0 for r in runs]
+            stable_runs, total = stable_runs + sum(stable), total + len(runs)
+            contiguous = contiguous and bool(runs) and all(stable)
+            if contiguous:
+                largest = rate
+            values = [r.metrics[self.primary] for r in runs if r.status == "ok" and self.primary in r.metrics]
+            mean = mean_std(values)[0] if values else math.nan
+            if math.isfinite(mean) and (not math.isfinite(best) or (mean > best if self.higher else mean < best)):
+                best, best_rate = mean, rate
+        return {"largest": largest, "stable": stable_runs, "total": total, "best": best, "best_rate": best_rate}
 
 
 def group(results: list[RunResult]) -> list[TaskBoard]:
@@ -194,6 +226,40 @@ def curves_figure(board: TaskBoard, store: Store, path: Path) -> bool:
     return True
 
 
+def margin_figure(board: TaskBoard, path: Path) -> None:
+    """The primary metric (mean over seeds of finished runs) against the learning rate, one line per variant;
+    hollow markers where some seed was unstable, an x at the top for rates where every seed diverged."""
+    rates = board.margin_rates()
+    fig, ax = plt.subplots(figsize=(5.6, 3.6))
+    top = max((r.metrics[board.primary] for r in board.runs if r.status == "ok" and board.primary in r.metrics),
+              default=1.0)
+    for variant in board.variants:
+        xs, ys, unstable, lost = [], [], [], []
+        for rate in rates:
+            runs = board.at_rate(variant, rate)
+            values = [r.metrics[board.primary] for r in runs if r.status == "ok" and board.primary in r.metrics]
+            if not values:
+                lost.append(rate)
+                continue
+            xs.append(rate)
+            ys.append(mean_std(values)[0])
+            unstable.append(not all(r.status == "ok" and r.metrics.get(STABLE) == 1.0 for r in runs))
+        line, = ax.plot(xs, ys, "-", lw=2.0 if variant in ("quest", BASELINE) else 1.0, label=variant)
+        for x, y, bad in zip(xs, ys, unstable):
+            ax.plot(x, y, "o", color=line.get_color(), mfc="white" if bad else line.get_color(), ms=5)
+        ax.plot(lost, [top * 1.15] * len(lost), "x", color=line.get_color(), ms=7)
+    ax.set_xscale("log")
+    if not board.higher:
+        ax.set_yscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel(f"{board.primary} ({'↑' if board.higher else '↓'})")
+    ax.set_title(f"{board.title}: stability margin (hollow: a seed unstable; x: all diverged)", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ---- documents ------------------------------------------------------------------------------------------------
 
 def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
@@ -237,6 +303,8 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                     row.append(f"{fmt(mean_std(vals)[0], 2)} (n={len(vals)})" if vals else "—")
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
+        if b.margin_rates():
+            lines += margin_table(b)
         if with_mce:
             lines += [f"mCE: per corruption ({', '.join(b.corruptions())}), error summed over 5 severities relative "
                       f"to `{BASELINE}` (mean over runs), averaged over corruptions; 100 = as robust as `{BASELINE}`.", ""]
@@ -244,6 +312,20 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         if links and links.get(b.title):
             lines += ["Per-run figures: " + " · ".join(links[b.title]), ""]
     return "\n".join(lines)
+
+
+def margin_table(b: TaskBoard) -> list[str]:
+    rates = ", ".join(f"{r:g}" for r in b.margin_rates())
+    lines = [f"Stability margin over learning rates {rates}: the largest rate at which every seed, at that rate and "
+             f"all smaller ones, trained without divergence or loss spikes (`{STABLE}` = 1); best `{b.primary}` is "
+             "the best mean over seeds at any rate.", "",
+             "| variant | largest stable lr | stable runs | best " + b.primary + " | at lr |", "|---|---|---|---|---|"]
+    for v in b.variants:
+        m = b.margin(v)
+        largest = "none" if m["largest"] is None else f"{m['largest']:g}"
+        lines.append(f"| {v} | {largest} | {m['stable']}/{m['total']} | {fmt(m['best'], 1)} | "
+                     f"{'—' if not math.isfinite(m['best_rate']) else format(m['best_rate'], 'g')} |")
+    return lines + [""]
 
 
 def to_html(suite: str, md_text: str, folder: Path) -> str:
@@ -304,6 +386,9 @@ def write_leaderboard(store: Store, suite: str, run_ids: set[str] | None = None)
         figures[b.title] = [f"{stem}-bars.png"]
         if curves_figure(b, store, folder / f"{stem}-curves.png"):
             figures[b.title].append(f"{stem}-curves.png")
+        if b.margin_rates():
+            margin_figure(b, folder / f"{stem}-margin.png")
+            figures[b.title].append(f"{stem}-margin.png")
     links = {b.title: b.figure_links(store.root, folder) for b in boards}
     md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links)
     (folder / "README.md").write_text(md_text)

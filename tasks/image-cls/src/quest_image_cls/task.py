@@ -3,6 +3,7 @@ corruption robustness (mCE in the leaderboard), adversarial accuracy, attention 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +164,7 @@ def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx, device: torch.
                 if mixup:
                     x, y = mixup(x, y)
                 logging = step % cfg.log_every == 0 or step == steps - 1
-                with telemetry if logging else _nothing(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
+                with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
                     loss = criterion(model(x), y)
                     per_layer = telemetry.snapshot() if logging else {}
                 stats = summarize(per_layer) if logging else None
@@ -179,14 +180,6 @@ def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx, device: torch.
                 bar.update(1)
     model.eval()
     return steps * cfg.batch_size
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @torch.no_grad()

@@ -1,0 +1,55 @@
+"""The leaderboard's stability-margin section, on synthetic results with known answers."""
+
+from quest_bench.leaderboard import TaskBoard, write_leaderboard
+from quest_bench.result import RunResult
+from quest_bench.spec import RunSpec
+from quest_bench.store import Store
+
+RATES = (0.001, 0.01, 0.1, 1.0)
+
+
+def run(variant, seed, lr, status="ok", stable=1.0, ppl=100.0):
+    spec = RunSpec("lm", variant, "tiny", seed, {"lr": lr}, "x")
+    metrics = {} if status != "ok" else {"test_ppl": ppl, "stable": stable}
+    return spec, RunResult(run_id=spec.run_id, task="lm", task_version="1", variant=variant, preset="tiny",
+                           seed=seed, overrides={"lr": lr}, status=status, metrics=metrics, primary_metric="test_ppl",
+                           higher_is_better=False)
+
+
+def synthetic_runs():
+    out = []
+    for seed in (0, 1):
+        # softmax: stable up to 0.01, one seed spikes at 0.1, diverges at 1.0
+        out += [run("softmax", seed, 0.001, ppl=300), run("softmax", seed, 0.01, ppl=200),
+                run("softmax", seed, 0.1, stable=float(seed == 0), ppl=250), run("softmax", seed, 1.0, "diverged")]
+        # quest: stable everywhere except 0.01 (so the margin stops at 0.001 even though 0.1 and 1.0 are fine)
+        out += [run("quest", seed, 0.001, ppl=280), run("quest", seed, 0.01, stable=0.0, ppl=190),
+                run("quest", seed, 0.1, ppl=180 + seed), run("quest", seed, 1.0, ppl=400)]
+    return out
+
+
+def test_margin_is_the_largest_rate_stable_on_every_seed_and_below():
+    board = TaskBoard("lm", "tiny", [r for _, r in synthetic_runs()])
+    assert board.margin_rates() == list(RATES)
+    softmax, quest = board.margin("softmax"), board.margin("quest")
+    assert softmax == {"largest": 0.01, "stable": 5, "total": 8, "best": 200.0, "best_rate": 0.01}
+    assert quest["largest"] == 0.001 and quest["stable"] == 6 and quest["best"] == 180.5 and quest["best_rate"] == 0.1
+
+
+def test_no_margin_section_without_a_learning_rate_sweep_or_a_stable_metric():
+    runs = [r for _, r in synthetic_runs()]
+    assert TaskBoard("lm", "tiny", [r for r in runs if r.overrides["lr"] < 0.1]).margin_rates() == []  # 2 rates
+    for r in runs:
+        r.metrics.pop("stable", None)
+    assert TaskBoard("lm", "tiny", runs).margin_rates() == []
+
+
+def test_leaderboard_writes_the_margin_table_and_plot(tmp_path):
+    store = Store(tmp_path / "lm-stability")
+    for spec, result in synthetic_runs():
+        store.write(spec, result)
+    folder = write_leaderboard(store, "lm-stability")
+    md = (folder / "README.md").read_text()
+    assert "| softmax | 0.01 | 5/8 | 200.0 | 0.01 |" in md
+    assert "| quest | 0.001 | 6/8 | 180.5 | 0.1 |" in md
+    assert (folder / "lm-tiny-margin.png").stat().st_size > 10_000 and "lm-tiny-margin.png" in md
