@@ -29,11 +29,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from quest_bench.result import RunResult  # noqa: E402
+from quest_bench.robustness import CORRUPTION_ERROR  # noqa: E402
 from quest_bench.stats import bootstrap_ci, mean_std, mean_win_rate, paired_difference  # noqa: E402
 from quest_bench.store import Store  # noqa: E402
 
 BASELINE = "softmax"
-CORRUPTION_PREFIX = "corruption_error/"  # per-run error summed over severities, one metric per corruption
 LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")  # Markdown links, for the HTML page
 MARGIN_AXIS, STABLE = "lr", "stable"
 CURVE_KEYS = ("loss", "max_logit", "entropy_mean", "k_norm_max", "q_norm_max", "biased_answer_key_norm")
@@ -90,16 +90,16 @@ class TaskBoard:
         return row
 
     def corruptions(self) -> list[str]:
-        names = {m for r in self.runs for m in r.metrics if m.startswith(CORRUPTION_PREFIX)}
-        return sorted(n[len(CORRUPTION_PREFIX):] for n in names)
+        names = {m for r in self.runs for m in r.metrics if m.startswith(CORRUPTION_ERROR)}
+        return sorted(n[len(CORRUPTION_ERROR):] for n in names)
 
     def mce(self, variant: str) -> float:
         """Mean corruption error (Hendrycks & Dietterich 2019) relative to softmax, in %: per corruption, the
         variant's error summed over severities (mean over runs) / softmax's; then the mean over corruptions."""
         ratios = []
         for c in self.corruptions():
-            ours = mean_std(list(self.values(variant, CORRUPTION_PREFIX + c).values()))[0]
-            base = mean_std(list(self.values(BASELINE, CORRUPTION_PREFIX + c).values()))[0]
+            ours = mean_std(list(self.values(variant, CORRUPTION_ERROR + c).values()))[0]
+            base = mean_std(list(self.values(BASELINE, CORRUPTION_ERROR + c).values()))[0]
             if math.isfinite(ours) and math.isfinite(base) and base > 0:
                 ratios.append(ours / base)
         return 100 * sum(ratios) / len(ratios) if ratios else float("nan")

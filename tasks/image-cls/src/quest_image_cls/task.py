@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
+from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_core import Telemetry, summarize
 from quest_image_cls import data as D
@@ -234,15 +235,3 @@ def corruption_metrics(model, cfg: ImageClsConfig, x: torch.Tensor, y: torch.Ten
         name: [accuracy(model, corrupt(x, name, s, seed=seed * 1000 + 10 * i + s), y, device) for s in SEVERITIES]
         for i, name in enumerate(CORRUPTIONS)
     })
-
-
-def corruption_summary(acc_by_corruption: dict[str, list[float]]) -> dict:
-    """Per corruption: accuracy averaged over severities and the error summed over them (the leaderboard's mCE
-    input); plus the accuracy averaged over everything."""
-    out = {}
-    for name, per_severity in acc_by_corruption.items():
-        out[f"corruption_acc/{name}"] = sum(per_severity) / len(per_severity)
-        out[f"corruption_error/{name}"] = sum(1 - a for a in per_severity)
-    every = [a for accs in acc_by_corruption.values() for a in accs]
-    out["corrupted_acc"] = sum(every) / len(every)
-    return out

@@ -1,0 +1,107 @@
+"""Point-cloud datasets as dense tensors: clouds (N, P, 3) in the unit sphere, labels (N,), class names.
+
+- ``kicad`` (default, shipped): real CAD models of electronic parts from KiCad's 3D library, 15 classes, 1,024
+  surface points each (``scripts/build_kicad_shapes.py``; licence in data/README.md).
+- ``modelnet10`` / ``modelnet40`` from ``--data-root``: the official Princeton ``.off`` layout
+  (``ModelNet40/<class>/{train,test}/*.off``), read by ``torch_geometric.datasets.ModelNet`` (no download) with
+  ``SamplePoints`` area-weighted sampling; PyG's processed cache goes to ``~/.cache/quest-bench/modelnet``, never
+  into the data root.
+- ``scanobjectnn`` from ``--data-root``: the h5 files of ScanObjectNN (``ScanObjectNN/main_split/
+  {training,test}_objectdataset[_augmentedrot_scale75].h5`` with ``data`` (N, 2048, 3) and ``label``); the variant
+  is chosen with ``scanobjectnn_split`` (``""`` = OBJ_ONLY, ``"_augmentedrot_scale75"`` = PB_T50_RS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHIPPED = Path(__file__).parent / "data" / "kicad15.npz"
+DATASETS = ("kicad", "modelnet10", "modelnet40", "scanobjectnn")
+CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench"))
+
+
+@dataclass
+class PointClouds:
+    train_x: torch.Tensor  # (N, P, 3) float32
+    train_y: torch.Tensor  # (N,) int64
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    classes: list[str]
+    revision: str  # content hash or source folder
+
+
+def normalize(x_np3: torch.Tensor) -> torch.Tensor:
+    """Centre each cloud and scale it into the unit sphere."""
+    x_np3 = x_np3 - x_np3.mean(1, keepdim=True)
+    return x_np3 / x_np3.norm(dim=-1).amax(1).clamp_min(1e-9)[:, None, None]
+
+
+def load(dataset: str, data_root: str | None, num_points: int = 1024, scanobjectnn_split: str = "") -> PointClouds:
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)}")
+    if dataset == "kicad":
+        return load_kicad()
+    if not data_root:
+        raise ValueError(f"dataset {dataset!r} is read from --data-root; none given")
+    if dataset.startswith("modelnet"):
+        return load_modelnet(Path(data_root), dataset[len("modelnet"):], num_points)
+    return load_scanobjectnn(Path(data_root), scanobjectnn_split)
+
+
+def load_kicad(path: Path = SHIPPED) -> PointClouds:
+    with np.load(path) as z:
+        x = torch.from_numpy(z["points"].astype(np.float32))
+        y, split = torch.from_numpy(z["labels"].astype(np.int64)), torch.from_numpy(z["split"])
+        classes = [str(c) for c in z["classes"]]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    train, test = split == 0, split == 1
+    return PointClouds(x[train], y[train], x[test], y[test], classes, f"{path.name} sha256:{digest}")
+
+
+def load_modelnet(root: Path, name: str, num_points: int) -> PointClouds:
+    """ModelNet10/40 from the official layout through PyG's ModelNet dataset (its raw folder is linked, not copied)."""
+    from torch_geometric.datasets import ModelNet
+    from torch_geometric.transforms import SamplePoints
+
+    folder = root / f"ModelNet{name}"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no {folder}; expected the official layout {folder}/<class>/{{train,test}}/*.off")
+    pyg_root = CACHE / "modelnet" / f"ModelNet{name}-{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]}-{num_points}"
+    pyg_root.mkdir(parents=True, exist_ok=True)
+    if not (pyg_root / "raw").exists():
+        (pyg_root / "raw").symlink_to(folder.resolve(), target_is_directory=True)
+    torch.manual_seed(0)  # SamplePoints draws from the global generator; processing happens once per cache folder
+    splits = {}
+    for train in (True, False):
+        ds = ModelNet(str(pyg_root), name=name, train=train, pre_transform=SamplePoints(num_points))
+        x = torch.stack([d.pos for d in ds]) if len(ds) else torch.zeros(0, num_points, 3)
+        splits[train] = (normalize(x), torch.cat([d.y for d in ds]) if len(ds) else torch.zeros(0, dtype=torch.long))
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    return PointClouds(*splits[True], *splits[False], classes, str(folder))
+
+
+def load_scanobjectnn(root: Path, variant: str) -> PointClouds:
+    import h5py
+
+    folder = root / "ScanObjectNN" / "main_split"
+    out = []
+    for split in ("training", "test"):
+        path = folder / f"{split}_objectdataset{variant}.h5"
+        if not path.exists():
+            raise FileNotFoundError(f"no {path}; expected ScanObjectNN's h5 layout {folder}/"
+                                    f"{{training,test}}_objectdataset{variant}.h5")
+        with h5py.File(path, "r") as f:
+            out += [normalize(torch.from_numpy(np.asarray(f["data"], dtype=np.float32))),
+                    torch.from_numpy(np.asarray(f["label"]).astype(np.int64).reshape(-1))]
+    classes = SCANOBJECTNN_CLASSES
+    return PointClouds(*out, classes, str(folder))
+
+
+SCANOBJECTNN_CLASSES = ["bag", "bin", "box", "cabinet", "chair", "desk", "display", "door", "shelf", "table", "bed",
+                        "pillow", "sink", "sofa", "toilet"]

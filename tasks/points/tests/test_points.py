@@ -1,0 +1,227 @@
+"""Tests of the points task: kNN/FPS against brute force, the edge attention against a dense float64 reference,
+permutation invariance, corruptions, the real-dataset layouts, and a tiny run that learns."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import quest_core
+from quest_points import graph
+from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from quest_points.data import SHIPPED, load
+from quest_points.model import PointAttention, build_model
+
+
+def clouds(sizes=(40, 57, 33), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    pos = torch.randn(sum(sizes), 3, generator=gen)
+    return pos, torch.arange(len(sizes)).repeat_interleave(torch.tensor(sizes))
+
+
+@pytest.fixture(params=[False, True], ids=["fallback", "pyg-lib"])
+def backend(request, monkeypatch):
+    if request.param and not graph.HAS_PYG_LIB:
+        pytest.skip("pyg-lib is not installed: only the pure-torch fallback runs here")
+    monkeypatch.setattr(graph, "HAS_PYG_LIB", request.param)
+
+
+def test_knn_equals_brute_force(backend):
+    pos, batch = clouds()
+    centres = torch.tensor([0, 5, 39, 40, 96, 100, 129])
+    row, col = graph.knn(pos, pos[centres], 6, batch, batch[centres])
+    for i, c in enumerate(centres.tolist()):
+        same = (batch == batch[c]).nonzero().flatten()
+        expected = same[(pos[same] - pos[c]).norm(dim=-1).argsort()[:6]]
+        assert set(col[row == i].tolist()) == set(expected.tolist())
+
+
+def test_knn_graph_has_no_self_loops_and_k_edges_per_point(backend):
+    pos, batch = clouds()
+    source, target = graph.knn_graph(pos, 5, batch)
+    assert (source != target).all() and (torch.bincount(target) == 5).all()
+    assert (batch[source] == batch[target]).all()
+    for i in (0, 50, 129):
+        others = ((batch == batch[i]) & (torch.arange(len(pos)) != i)).nonzero().flatten()
+        expected = others[(pos[others] - pos[i]).norm(dim=-1).argsort()[:5]]
+        assert set(source[target == i].tolist()) == set(expected.tolist())
+
+
+def brute_force_fps(points: torch.Tensor, m: int) -> list[int]:
+    first = int((points - points.mean(0)).norm(dim=-1).argmax())
+    chosen = [first]
+    for _ in range(m - 1):
+        d = torch.stack([(points - points[c]).norm(dim=-1) for c in chosen]).amin(0)
+        chosen.append(int(d.argmax()))
+    return chosen
+
+
+def test_fps_equals_brute_force(backend):
+    pos, batch = clouds()
+    idx = graph.fps(pos, batch, 0.25)
+    start = 0
+    for b, n in enumerate(torch.bincount(batch).tolist()):
+        mine = idx[batch[idx] == b] - start
+        assert mine.tolist() == brute_force_fps(pos[start: start + n], math.ceil(0.25 * n))
+        start += n
+
+
+def dense_reference(layer: PointAttention, x, pos, edge_index) -> torch.Tensor:
+    """The layer's output computed densely in float64: all (i, j) pairs, non-edges masked out."""
+    n, h, d = len(x), layer.num_heads, layer.head_dim
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[edge_index[1], edge_index[0]] = True  # row i attends to j for each edge j -> i
+    q = layer.q(x).view(n, h, d)
+    delta = layer.pos(pos[:, None, :] - pos[None, :, :]).view(n, n, h, d)  # (i, j, h, d)
+    k = layer.k(x).view(1, n, h, d) + delta
+    v = layer.v(x).view(1, n, h, d) + delta
+    spec, kernel = layer.kernel.spec, layer.kernel
+    if spec.normalize_q:
+        q = q / q.norm(dim=-1, keepdim=True)
+    if spec.normalize_k:
+        k = k / k.norm(dim=-1, keepdim=True)
+    if hasattr(kernel, "q_gain"):
+        q = q * (kernel.q_gain.view(h, 1) if kernel.q_gain.dim() == 3 else kernel.q_gain)
+    if hasattr(kernel, "k_gain"):
+        k = k * kernel.k_gain
+    logits = torch.einsum("ihd,ijhd->ijh", q, k) * spec.default_scale(d)
+    alpha = logits.masked_fill(~mask[..., None], -math.inf).softmax(dim=1)
+    return layer.out(torch.einsum("ijh,ijhd->ihd", alpha, v).reshape(n, h * d))
+
+
+@pytest.mark.parametrize("variant", quest_core.list_variants())
+def test_edge_attention_equals_a_dense_masked_reference(variant):
+    torch.manual_seed(0)
+    layer = PointAttention(16, 4, variant).double()
+    for p in layer.kernel.parameters():  # move learnable gains off their initial value
+        p.data.uniform_(0.5, 2.0)
+    pos, batch = clouds((9, 12))
+    pos = pos.double()
+    x = torch.randn(len(pos), 16, dtype=torch.float64, requires_grad=True)
+    edge_index = graph.knn_graph(pos, 4, batch)
+    out = layer(x, pos, edge_index)
+    ref = dense_reference(layer, x, pos, edge_index)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g_out, = torch.autograd.grad(out.square().sum(), x)
+    g_ref, = torch.autograd.grad(ref.square().sum(), x)
+    torch.testing.assert_close(g_out, g_ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("model_name", ["global", "local"])
+def test_a_permutation_of_the_points_leaves_the_prediction_unchanged(model_name):
+    torch.manual_seed(0)
+    kwargs = {"groups": 8, "group_size": 8, "dim": 32, "depth": 2, "point_width": 16} if model_name == "global" else {"dims": (16, 32), "k": 8}
+    model = build_model(model_name, 5, "quest", **kwargs).eval()
+    pos, batch = clouds((64, 64))
+    perm = torch.cat([torch.randperm(64), 64 + torch.randperm(64)])
+    with torch.no_grad():
+        torch.testing.assert_close(model(pos[perm], batch), model(pos, batch), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", CORRUPTIONS)
+def test_corruptions_are_deterministic_and_grow_with_severity(name):
+    x = torch.nn.functional.normalize(torch.randn(4, 256, 3), dim=-1) * torch.rand(4, 256, 1)
+    mild, harsh = corrupt(x, name, 1, seed=3), corrupt(x, name, 5, seed=3)
+    assert torch.equal(mild, corrupt(x, name, 1, seed=3)) and not torch.equal(mild, corrupt(x, name, 1, seed=4))
+    if name.startswith("dropout"):
+        assert x.shape[1] > mild.shape[1] > harsh.shape[1]
+    elif name.startswith("add"):
+        assert x.shape[1] < mild.shape[1] < harsh.shape[1]
+    else:
+        assert mild.shape == x.shape and (harsh - x).norm() > (mild - x).norm() > 0
+    with pytest.raises(ValueError, match="severity must be one of"):
+        corrupt(x, name, 6)
+
+
+def test_unknown_corruption_and_dataset_fail_with_the_valid_ones():
+    with pytest.raises(ValueError, match="valid: jitter"):
+        corrupt(torch.zeros(1, 4, 3), "fog", 1)
+    with pytest.raises(ValueError, match="valid: kicad"):
+        load("shapenet", None)
+    with pytest.raises(ValueError, match="--data-root"):
+        load("modelnet40", None)
+
+
+CUBE_OFF = "OFF\n8 6 0\n" + "".join(f"{x} {y} {z}\n" for x in (0, 1) for y in (0, 1) for z in (0, 1)) + \
+    "4 0 1 3 2\n4 4 6 7 5\n4 0 4 5 1\n4 2 3 7 6\n4 0 2 6 4\n4 1 5 7 3\n"
+
+
+def test_modelnet_layout_loads_through_pyg(tmp_path, monkeypatch):
+    from torch_geometric.datasets import ModelNet
+
+    monkeypatch.setattr("quest_points.data.CACHE", tmp_path / "cache")
+    classes = ModelNet.class_names if hasattr(ModelNet, "class_names") else None
+    names = classes or ["bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table", "toilet"]
+    for name in names:
+        for split, count in (("train", 2), ("test", 1)):
+            for i in range(count):
+                path = tmp_path / "data" / "ModelNet10" / name / split / f"{name}_{i:04d}.off"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(CUBE_OFF)
+    data = load("modelnet10", str(tmp_path / "data"), num_points=64)
+    assert data.train_x.shape == (20, 64, 3) and data.test_x.shape == (10, 64, 3)
+    assert sorted(data.train_y.tolist()) == sorted(list(range(10)) * 2) and data.classes == sorted(names)
+    assert data.train_x.norm(dim=-1).amax() <= 1 + 1e-5
+    assert not list((tmp_path / "data").rglob("processed"))  # the cache is outside the data root
+
+
+def test_scanobjectnn_layout_loads(tmp_path):
+    import h5py
+
+    folder = tmp_path / "ScanObjectNN" / "main_split"
+    folder.mkdir(parents=True)
+    for split, n in (("training", 6), ("test", 3)):
+        with h5py.File(folder / f"{split}_objectdataset_augmentedrot_scale75.h5", "w") as f:
+            f["data"] = np.random.default_rng(0).normal(size=(n, 2048, 3)).astype(np.float32)
+            f["label"] = np.arange(n, dtype=np.uint8)[:, None]
+    data = load("scanobjectnn", str(tmp_path), scanobjectnn_split="_augmentedrot_scale75")
+    assert data.train_x.shape == (6, 2048, 3) and data.test_y.tolist() == [0, 1, 2] and len(data.classes) == 15
+    with pytest.raises(FileNotFoundError, match="training_objectdataset.h5"):
+        load("scanobjectnn", str(tmp_path))
+
+
+def test_the_shipped_kicad_shapes():
+    data = load("kicad", None)
+    assert len(data.classes) == 15 and data.train_x.shape[1:] == (1024, 3)
+    assert len(data.train_x) > 3 * len(data.test_x) > 0
+    assert set(data.test_y.tolist()) == set(range(15))
+    assert data.train_x.norm(dim=-1).amax() <= 1.01
+
+
+def test_swap_attention_converts_the_attention_inside_pyg_gpsconv():
+    """GPSConv's global attention is an nn.MultiheadAttention: quest_core.swap_attention converts it in place."""
+    from torch_geometric.nn import GINConv, GPSConv
+
+    torch.manual_seed(0)
+    conv = GPSConv(16, GINConv(torch.nn.Linear(16, 16)), heads=4, dropout=0.0).eval()
+    pos, batch = clouds((10, 14))
+    x, edge_index = torch.randn(len(pos), 16), graph.knn_graph(pos, 3, batch)
+    with torch.no_grad():
+        before = conv(x, edge_index, batch)
+    report = quest_core.swap_attention(conv, "softmax")
+    assert [path for path, _ in report.swapped] == ["attn"] and isinstance(conv.attn, quest_core.MultiheadAttention)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x, edge_index, batch), before, rtol=1e-5, atol=1e-6)
+    quest_core.swap_attention(conv, "quest")
+    with torch.no_grad():
+        assert not torch.allclose(conv(x, edge_index, batch), before, atol=1e-4)
+
+
+def test_knn_in_clouds_smaller_than_k_returns_every_other_point(backend):
+    pos, batch = clouds((3, 10))
+    source, target = graph.knn_graph(pos, 5, batch)
+    assert torch.bincount(target).tolist() == [2] * 3 + [5] * 10
+
+
+def test_a_tiny_run_learns_and_reports_robustness(tmp_path):
+    from quest_bench.runner import execute, resolve
+    from quest_bench.spec import RunSpec
+
+    overrides = {"epochs": 4, "global_points": 256, "corruption_samples": 40, "log_every": 5}
+    result = execute(resolve(RunSpec("points", "quest", "tiny", 0, overrides)), tmp_path / "run", progress=False)
+    assert result.status == "ok", result.reason
+    m = result.metrics
+    assert m["test_acc"] > 3 / 15 and m["mean_class_acc"] > 3 / 15  # chance is 1/15
+    assert {f"corruption_error/{c}" for c in CORRUPTIONS} <= set(m) and 0 < m["corrupted_acc"] < 1
+    assert "final_max_logit" in m and len((tmp_path / "run" / "events.jsonl").read_text().splitlines()) >= 10
