@@ -25,6 +25,9 @@ def synthetic_runs():
         # quest: stable everywhere except 0.01 (so the margin stops at 0.001 even though 0.1 and 1.0 are fine)
         out += [run("quest", seed, 0.001, ppl=280), run("quest", seed, 0.01, stable=0.0, ppl=190),
                 run("quest", seed, 0.1, ppl=180 + seed), run("quest", seed, 1.0, ppl=400)]
+    # qnorm: seed 1 failed (a crash) at 0.1, where seed 0 reached the best value: that rate cannot be "best"
+    out += [run("qnorm", s, lr, ppl=250) for s in (0, 1) for lr in (0.001, 0.01, 1.0)]
+    out += [run("qnorm", 0, 0.1, ppl=150), run("qnorm", 1, 0.1, status="failed")]
     return out
 
 
@@ -34,6 +37,7 @@ def test_margin_is_the_largest_rate_stable_on_every_seed_and_below():
     softmax, quest = board.margin("softmax"), board.margin("quest")
     assert softmax == {"largest": 0.01, "stable": 5, "total": 8, "best": 200.0, "best_rate": 0.01}
     assert quest["largest"] == 0.001 and quest["stable"] == 6 and quest["best"] == 180.5 and quest["best_rate"] == 0.1
+    assert board.margin("qnorm") == {"largest": 0.01, "stable": 7, "total": 8, "best": 250.0, "best_rate": 0.001}
 
 
 def test_no_margin_section_without_a_learning_rate_sweep_or_a_stable_metric():

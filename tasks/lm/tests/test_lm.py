@@ -46,7 +46,7 @@ def test_the_wikitext_loader_reads_the_real_layout(tmp_path):
     corpus = load_corpus(str(tmp_path), "wikitext-2")
     vocab = corpus.vocab
     assert vocab.words[0] == EOS  # every line ends with <eos>: the most frequent token
-    assert corpus.words["train"] == sum(len(line.split()) + 1 for line in FIXTURE["train"])
+    assert len(corpus.words["train"]) == sum(len(line.split()) + 1 for line in FIXTURE["train"])
     assert vocab.decode(corpus.ids["train"][:7].tolist()) == [EOS, "=", "Valkyria", "Chronicles", "III", "=", EOS]
     test_words = vocab.decode(corpus.ids["test"].tolist())
     assert test_words.count(UNK) == sum(w not in vocab.index for line in FIXTURE["test"] for w in line.split())
@@ -72,13 +72,16 @@ def test_the_shipped_wikitext_mini_is_real_wikipedia_in_wikitext_format():
     text = " ".join(lines)
     assert " @-@ " in text and " @,@ " in text and f" {UNK} " in text
     corpus = load_corpus(None, "wikitext-mini")
-    assert 10_000 < len(corpus.vocab) < 20_000 and corpus.words["train"] > 400_000
-    assert 400 < corpus.unigram_ppl["test"] < 800
+    assert 10_000 < len(corpus.vocab) < 20_000 and len(corpus.words["train"]) > 400_000
+    assert 400 < corpus.unigram_ppl("test") < 800
+    assert corpus.unigram_ppl("valid", 0.1) != corpus.unigram_ppl("valid")  # the baseline follows the evaluated slice
 
 
 def test_the_bpe_tokenizer_round_trips():
     lines = read_lines(SHIPPED / "wiki.train.tokens.xz")[:400]
     bpe = BpeVocab(lines, vocab_size=500)
+    counts = torch.bincount(bpe.encode(lines), minlength=len(bpe))
+    assert (counts[:-1] >= counts[1:]).all()  # ids ranked by training frequency, as adaptive softmax assumes
     for line in [*lines[:50], " The game 's battle system , 2 @,@ 000 years . "]:
         ids = bpe.encode([line]).tolist()
         assert ids[-1] == bpe.eos and len(ids) >= len(line.split()) + 1
@@ -95,6 +98,30 @@ def test_perplexity_of_a_uniform_model_is_the_vocabulary_size(tmp_path):
         assert perplexity(model, corpus, split, cfg, torch.device("cpu")) == pytest.approx(len(corpus.vocab))
         noisy = perplexity(model, corpus, split, cfg, torch.device("cpu"), substitution=0.5, seed=3)
         assert noisy == pytest.approx(len(corpus.vocab))  # inputs corrupted, targets clean: still uniform
+
+
+class TargetScorer(torch.nn.Module):
+    """A stand-in model whose NLL of a target token is 0.01 * its id: perplexity then depends only on targets."""
+
+    adaptive = None
+
+    def token_nll(self, idx_bl, target_bl):
+        return 0.01 * target_bl.double()
+
+
+def test_perplexity_scores_every_target_once_and_substitution_leaves_targets_clean(tmp_path):
+    write_fixture(tmp_path / "wikitext-2")
+    corpus = load_corpus(str(tmp_path), "wikitext-2")
+    cfg = LmConfig(context=5)  # windows of 5 and a partial last one
+    targets = corpus.ids["test"][1:].double()
+    expected = math.exp(float(0.01 * targets.sum()) / len(targets))
+    for rate in (0.0, 0.3, 0.9):
+        got = perplexity(TargetScorer(), corpus, "test", cfg, torch.device("cpu"), substitution=rate, seed=1)
+        assert got == pytest.approx(expected, rel=1e-12)
+    half = LmConfig(context=5, eval_tokens=len(targets) // 2)
+    first_half = targets[: len(targets) // 2]
+    assert perplexity(TargetScorer(), corpus, "test", half, torch.device("cpu")) == pytest.approx(
+        math.exp(float(0.01 * first_half.sum()) / len(first_half)), rel=1e-12)
 
 
 def test_unigram_perplexity_matches_a_hand_computation():

@@ -54,7 +54,8 @@ Also left out: ``Varistor`` (disc bodies, as ``C_Disc`` in ``Capacitor_THT``) an
 Per class at most 60 models: files sorted by name, permuted with ``default_rng(0)``, parsed in
 that order until 60 succeed. Each model: 1,024 area-weighted surface samples (seed from a
 hash of ``<class>/<stem>``), centred on the centroid, scaled into the unit sphere, float16.
-Split per class: a seeded 20% of models is test. Arrays: ``points`` (N, 1024, 3) float16,
+Split per class by model family (the name with numbers replaced): whole families go to test until
+>= 20% of the models are there, so test models have no near-twins in training. Arrays: ``points`` (N, 1024, 3) float16,
 ``labels`` (N,) int64, ``split`` (N,) uint8 (0 train, 1 test), ``classes`` (15,) str,
 ``names`` (N,) str (file stem).
 """
@@ -363,11 +364,23 @@ def build_class(folder: Path, label: str) -> tuple[list[np.ndarray], list[str], 
     return clouds, stems, failures
 
 
-def split_for(n: int, seed: int) -> np.ndarray:
-    """Deterministic ~80/20 train(0)/test(1) assignment of ``n`` models."""
-    split = np.zeros(n, dtype=np.uint8)
-    n_test = int(round(TEST_FRACTION * n))
-    split[np.random.default_rng(seed).permutation(n)[:n_test]] = 1
+def family(stem: str) -> str:
+    """A model's family: its name with every number replaced (``PinHeader_1x19_P2.54mm`` -> ``PinHeader_#x#_P#.#mm``)."""
+    return re.sub(r"\d+", "#", stem)
+
+
+def split_for(stems: list[str], seed: int) -> np.ndarray:
+    """Deterministic ~80/20 train(0)/test(1) assignment by *family*: whole families go to test (in a seeded
+    order) until at least 20 % of the models are there, so no test model has a near-twin in training that
+    differs only in pin count or size (those are near-duplicates once scaled into the unit sphere)."""
+    families = sorted({family(s) for s in stems})
+    if len(families) < 2:
+        raise SystemExit(f"only one model family in {stems[:3]}...: cannot split by family")
+    split = np.zeros(len(stems), dtype=np.uint8)
+    for f in np.random.default_rng(seed).permutation(families):
+        if split.sum() >= TEST_FRACTION * len(stems):
+            break
+        split[[family(s) == f for s in stems]] = 1
     return split
 
 
@@ -409,7 +422,7 @@ def main() -> None:
         if not folder.is_dir():
             raise SystemExit(f"missing {folder}; see the module docstring for how to get it")
         clouds, stems, failures = build_class(folder, cls)
-        cls_split = split_for(len(clouds), seed=label)
+        cls_split = split_for(stems, seed=label)
         points += clouds
         names += stems
         labels += [label] * len(clouds)

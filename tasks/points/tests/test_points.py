@@ -93,12 +93,12 @@ def dense_reference(layer: PointAttention, x, pos, edge_index) -> torch.Tensor:
 @pytest.mark.parametrize("variant", quest_core.list_variants())
 def test_edge_attention_equals_a_dense_masked_reference(variant):
     torch.manual_seed(0)
-    layer = PointAttention(16, 4, variant).double()
+    layer = PointAttention(24, 4, variant).double()  # 4 heads of 6: a gain on the wrong axis cannot broadcast
     for p in layer.kernel.parameters():  # move learnable gains off their initial value
         p.data.uniform_(0.5, 2.0)
     pos, batch = clouds((9, 12))
     pos = pos.double()
-    x = torch.randn(len(pos), 16, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(len(pos), 24, dtype=torch.float64, requires_grad=True)
     edge_index = graph.knn_graph(pos, 4, batch)
     out = layer(x, pos, edge_index)
     ref = dense_reference(layer, x, pos, edge_index)
@@ -214,11 +214,13 @@ def test_knn_in_clouds_smaller_than_k_returns_every_other_point(backend):
     assert torch.bincount(target).tolist() == [2] * 3 + [5] * 10
 
 
-def test_a_tiny_run_learns_and_reports_robustness(tmp_path):
+@pytest.mark.parametrize("model_name", ["global", "local"])
+def test_a_tiny_run_learns_and_reports_robustness(tmp_path, model_name):
     from quest_bench.runner import execute, resolve
     from quest_bench.spec import RunSpec
 
-    overrides = {"epochs": 4, "global_points": 256, "corruption_samples": 40, "log_every": 5}
+    overrides = {"model": model_name, "epochs": 4, "global_points": 256, "local_points": 128,
+                 "corruption_samples": 40, "log_every": 5}
     result = execute(resolve(RunSpec("points", "quest", "tiny", 0, overrides)), tmp_path / "run", progress=False)
     assert result.status == "ok", result.reason
     m = result.metrics

@@ -7,7 +7,7 @@ Across tasks: each variant's mean win rate over all task metrics (HELM-style). F
 intervals and training curves (loss and telemetry from events.jsonl) averaged over runs per variant.
 
 Stability margin: when a suite sweeps the learning rate (grid key ``lr``, at least 3 values) of a task whose runs
-report ``stable`` (1 = trained without divergence or loss spikes), each variant's margin is the largest rate at
+report ``stable`` (1 = trained stably, by the task's definition), each variant's margin is the largest rate at
 which it, and every smaller rate of the grid, was stable on every seed; plus a plot of the primary metric against
 the rate.
 """
@@ -126,7 +126,8 @@ class TaskBoard:
         return [r for r in self.by_variant[variant] if float(r.overrides.get(MARGIN_AXIS, math.nan)) == rate]
 
     def margin(self, variant: str) -> dict:
-        """Largest stable rate (None if even the smallest was not), stable/total runs, best mean primary and its rate."""
+        """Largest stable rate (None if even the smallest was not), stable/total runs, and the best mean primary
+        over rates at which every seed finished, with its rate."""
         largest, stable_runs, total, best, best_rate = None, 0, 0, math.nan, math.nan
         contiguous = True
         for rate in self.margin_rates():
@@ -137,7 +138,7 @@ class TaskBoard:
             if contiguous:
                 largest = rate
             values = [r.metrics[self.primary] for r in runs if r.status == "ok" and self.primary in r.metrics]
-            mean = mean_std(values)[0] if values else math.nan
+            mean = mean_std(values)[0] if values and len(values) == len(runs) else math.nan  # every seed finished
             if math.isfinite(mean) and (not math.isfinite(best) or (mean > best if self.higher else mean < best)):
                 best, best_rate = mean, rate
         return {"largest": largest, "stable": stable_runs, "total": total, "best": best, "best_rate": best_rate}
@@ -228,7 +229,7 @@ def curves_figure(board: TaskBoard, store: Store, path: Path) -> bool:
 
 def margin_figure(board: TaskBoard, path: Path) -> None:
     """The primary metric (mean over seeds of finished runs) against the learning rate, one line per variant;
-    hollow markers where some seed was unstable, an x at the top for rates where every seed diverged."""
+    hollow markers where some seed was unstable, an x at the top for rates where no seed finished."""
     rates = board.margin_rates()
     fig, ax = plt.subplots(figsize=(5.6, 3.6))
     top = max((r.metrics[board.primary] for r in board.runs if r.status == "ok" and board.primary in r.metrics),
@@ -253,7 +254,7 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
         ax.set_yscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel(f"{board.primary} ({'↑' if board.higher else '↓'})")
-    ax.set_title(f"{board.title}: stability margin (hollow: a seed unstable; x: all diverged)", fontsize=8)
+    ax.set_title(f"{board.title}: stability margin (hollow: a seed unstable; x: none finished)", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -317,8 +318,9 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
 def margin_table(b: TaskBoard) -> list[str]:
     rates = ", ".join(f"{r:g}" for r in b.margin_rates())
     lines = [f"Stability margin over learning rates {rates}: the largest rate at which every seed, at that rate and "
-             f"all smaller ones, trained without divergence or loss spikes (`{STABLE}` = 1); best `{b.primary}` is "
-             "the best mean over seeds at any rate.", "",
+             f"all smaller ones, trained stably (`{STABLE}` = 1: no divergence, no loss spike, and, for `lm`, better "
+             f"than the unigram baseline); best `{b.primary}` is the best mean over seeds at a rate where every "
+             "seed finished.", "",
              "| variant | largest stable lr | stable runs | best " + b.primary + " | at lr |", "|---|---|---|---|---|"]
     for v in b.variants:
         m = b.margin(v)

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Subset
 
 from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
+from quest_bench.training import decay_groups
 from quest_core import Telemetry, summarize
 from quest_image_cls import data as D
 from quest_image_cls.attacks import adversarial_accuracy
@@ -34,7 +35,7 @@ class ImageClsConfig:
     epochs: int = 30
     batch_size: int = 128
     lr: float = 2e-3
-    weight_decay: float = 0.05  # AdamW; timm leaves 1-D params (norms, biases, learnable attention scales) undecayed
+    weight_decay: float = 0.05  # AdamW, on weight matrices only (quest_bench.training.decay_groups)
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.0
     mixup: float = 0.0  # timm Mixup alpha (0 = off)
@@ -56,7 +57,7 @@ class ImageClsConfig:
 
 class ImageClsTask(Task):
     name = "image-cls"
-    version = "1"
+    version = "2"  # 2: no weight decay on pos_embed, cls_token and the qknorm-hs gain
     primary_metric = "test_acc"
     higher_is_better = True
     leaderboard_metrics = {"corrupted_acc": True, "fgsm_acc": True, "pgd_acc": True}
@@ -146,7 +147,7 @@ def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx, device: torch.
     loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, drop_last=True, generator=gen,
                         num_workers=cfg.num_workers)
     steps = cfg.epochs * len(loader)
-    optimizer = create_optimizer_v2(model, "adamw", lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = create_optimizer_v2(decay_groups(model, cfg.weight_decay), "adamw", lr=cfg.lr)
     scheduler = CosineLRScheduler(optimizer, t_initial=steps, warmup_t=int(cfg.warmup_epochs * len(loader)),
                                   warmup_lr_init=cfg.lr * 1e-3, lr_min=cfg.lr * 1e-2, t_in_epochs=False)
     mixup = (Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,

@@ -93,19 +93,28 @@ class BpeVocab:
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, "[UNK]"], end_of_word_suffix="</w>",
                                       show_progress=False)
         self.tokenizer.train_from_iterator(train_lines, trainer=trainer)
-        self.eos = self.tokenizer.token_to_id(EOS)
+        # renumber the ids by training frequency (tokenizers numbers specials, alphabet, then merges), as the
+        # word vocabulary is, so adaptive-softmax cut-offs mean the same for both
+        raw = self._raw_ids(train_lines)
+        counts = torch.bincount(raw, minlength=self.tokenizer.get_vocab_size())
+        self.from_rank = counts.argsort(descending=True, stable=True)  # rank -> tokenizers id
+        self.to_rank = torch.empty_like(self.from_rank)
+        self.to_rank[self.from_rank] = torch.arange(len(self.from_rank))
+        self.eos = int(self.to_rank[self.tokenizer.token_to_id(EOS)])
+
+    def _raw_ids(self, lines: list[str]) -> torch.Tensor:
+        eos = self.tokenizer.token_to_id(EOS)
+        return torch.tensor([i for enc in self.tokenizer.encode_batch(lines) for i in (*enc.ids, eos)], dtype=torch.long)
 
     def __len__(self) -> int:
         return self.tokenizer.get_vocab_size()
 
     def encode(self, lines: list[str]) -> torch.Tensor:
-        ids = []
-        for enc in self.tokenizer.encode_batch(lines):
-            ids += [*enc.ids, self.eos]
-        return torch.tensor(ids, dtype=torch.long)
+        return self.to_rank[self._raw_ids(lines)]
 
     def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(self.from_rank[torch.as_tensor(list(ids), dtype=torch.long)].tolist(),
+                                     skip_special_tokens=False)
 
 
 @dataclass
@@ -115,9 +124,16 @@ class Corpus:
     name: str
     vocab: WordVocab | BpeVocab
     ids: dict[str, torch.Tensor]  # split -> (N,) token ids
-    words: dict[str, int]  # split -> number of words (whitespace tokens plus one <eos> per line)
-    unigram_ppl: dict[str, float]  # split -> perplexity per word of the add-one unigram model of the train split
+    words: dict[str, torch.Tensor]  # split -> (W,) word ids (whitespace tokens plus one <eos> per line)
+    word_counts: torch.Tensor  # (V_words,) training counts of each word (the unigram baseline's model)
     digest: str  # sha256 of the three files
+
+    def unigram_ppl(self, split: str, fraction: float = 1.0) -> float:
+        """Perplexity per word of the add-one unigram model of the train split on the first ``fraction`` of a split
+        (the same text an evaluation on the first part of the split's tokens covers)."""
+        words = self.words[split]
+        predicted = max(1, round(fraction * (len(words) - 1)))  # the first word is never a target
+        return unigram_perplexity(self.word_counts, words[1: 1 + predicted])
 
 
 def load_corpus(data_root: str | None, dataset: str, tokenizer: str = "word", bpe_vocab: int = 8000) -> Corpus:
@@ -136,8 +152,8 @@ def load_corpus(data_root: str | None, dataset: str, tokenizer: str = "word", bp
     return Corpus(
         name=dataset, vocab=vocab,
         ids={s: word_ids[s] if vocab is words else vocab.encode(lines[s]) for s in SPLITS},
-        words={s: len(word_ids[s]) for s in SPLITS},
-        unigram_ppl={s: unigram_perplexity(words.counts, word_ids[s]) for s in ("valid", "test")},
+        words=word_ids,
+        word_counts=words.counts,
         digest=digest,
     )
 

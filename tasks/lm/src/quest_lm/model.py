@@ -41,7 +41,7 @@ class GPT(nn.Module):
 
     def __init__(self, vocab_size: int, variant: str, context: int = 128, dim: int = 128, depth: int = 4,
                  num_heads: int = 4, mlp_ratio: float = 4.0, dropout: float = 0.1,
-                 adaptive_cutoffs: tuple[int, ...] = ()):
+                 adaptive_cutoffs: tuple[int, ...] = (), adaptive_div: float = 4.0):
         super().__init__()
         self.context = context
         self.tok_emb = nn.Embedding(vocab_size, dim)
@@ -50,7 +50,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, num_heads, variant, mlp_ratio, dropout) for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         cutoffs = [c for c in adaptive_cutoffs if c < vocab_size - 1]
-        self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(dim, vocab_size, cutoffs, div_value=4.0) if cutoffs else None
+        self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(dim, vocab_size, cutoffs, div_value=adaptive_div) if cutoffs else None
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from quest_bench.task import Resources, Task, TaskOutput
+from quest_bench.training import decay_groups
 from quest_core import Telemetry, summarize
 from quest_lm.data import Corpus, load_corpus
 from quest_lm.model import GPT
@@ -28,6 +29,7 @@ class LmConfig:
     mlp_ratio: float = 4.0
     dropout: float = 0.1
     adaptive_cutoffs: str = "2000,6000"  # adaptive-softmax cluster bounds (by frequency rank); "" = tied softmax
+    adaptive_div: float = 4.0  # each tail cluster's projection is div times narrower than the previous
     steps: int = 700
     batch_size: int = 16
     lr: float = 3e-3  # peak learning rate (AdamW), after linear warm-up; cosine decay to min_lr_ratio * lr
@@ -44,7 +46,7 @@ class LmConfig:
 
 class LmTask(Task):
     name = "lm"
-    version = "1"
+    version = "2"  # 2: unigram baseline on the evaluated slice; BPE ids by frequency; decay helper shared
     primary_metric = "test_ppl"
     higher_is_better = False
     leaderboard_metrics = {"valid_ppl": False, "corrupted_ppl": False, "loss_spikes": False}
@@ -55,7 +57,7 @@ class LmTask(Task):
                   "batch_size": 32, "lr": 1e-3, "warmup_steps": 200},
         "paper": {  # Transformer-XL base's size on WikiText-103 (Dai et al. 2019), without its segment recurrence
             "dataset": "wikitext-103", "context": 512, "dim": 410, "depth": 16, "num_heads": 10,
-            "mlp_ratio": 2100 / 410, "dropout": 0.1, "adaptive_cutoffs": "20000,40000,200000",
+            "mlp_ratio": 2100 / 410, "dropout": 0.1, "adaptive_cutoffs": "20000,40000,200000", "adaptive_div": 1.0,
             "steps": 200_000, "batch_size": 60, "lr": 2.5e-4, "warmup_steps": 1000, "min_lr_ratio": 0.0,
             "weight_decay": 0.0, "grad_clip": 0.25, "amp": True, "log_every": 200,
         },
@@ -69,30 +71,23 @@ class LmTask(Task):
         corpus = load_corpus(ctx.data_root, cfg.dataset, cfg.tokenizer, cfg.bpe_vocab)
         cutoffs = tuple(int(c) for c in cfg.adaptive_cutoffs.split(",") if c.strip())
         model = GPT(len(corpus.vocab), ctx.variant, cfg.context, cfg.dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio,
-                    cfg.dropout, cutoffs).to(device)
+                    cfg.dropout, cutoffs, cfg.adaptive_div).to(device)
         spikes, max_rise = train(model, cfg, corpus.ids["train"], ctx, device)
 
         metrics = {"loss_spikes": float(spikes), "max_loss_rise": max_rise}
         for split in ("valid", "test"):
             metrics[f"{split}_ppl"] = perplexity(model, corpus, split, cfg, device)
-            metrics[f"{split}_unigram_ppl"] = corpus.unigram_ppl[split]
+            metrics[f"{split}_unigram_ppl"] = corpus.unigram_ppl(split, evaluated_fraction(corpus, split, cfg))
         rates = [float(r) for r in cfg.corruption_rates.split(",") if r.strip()]
         for rate in rates:
             metrics[f"corrupted_ppl/sub{rate:g}"] = perplexity(model, corpus, "test", cfg, device, rate, ctx.seed)
         if rates:  # geometric mean over rates (perplexities multiply)
             metrics["corrupted_ppl"] = math.exp(sum(math.log(metrics[f"corrupted_ppl/sub{r:g}"]) for r in rates) / len(rates))
+        # stable: no divergence (else there is no result), no loss spike, and better than the unigram baseline
         metrics["stable"] = float(spikes == 0 and metrics["valid_ppl"] < metrics["valid_unigram_ppl"])
         metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
         return TaskOutput(metrics, data={"name": corpus.name, "revision": f"sha256:{corpus.digest}"},
                           samples_seen=cfg.steps * cfg.batch_size)
-
-
-def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices and embeddings only (not biases, norms, or the learnable attention gains)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.ndim >= 2 and "_gain" not in name else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def lr_factor(step: int, cfg: LmConfig) -> float:
@@ -163,9 +158,15 @@ def train(model: GPT, cfg: LmConfig, train_ids: torch.Tensor, ctx, device: torch
     return spikes.spikes, spikes.max_rise
 
 
+def evaluated_fraction(corpus: Corpus, split: str, cfg: LmConfig) -> float:
+    """The share of a split's predicted tokens an evaluation covers (``eval_tokens`` of them, 0 = all)."""
+    total = len(corpus.ids[split]) - 1
+    return 1.0 if not cfg.eval_tokens else min(cfg.eval_tokens, total) / total
+
+
 @torch.no_grad()
 def perplexity(model: GPT, corpus: Corpus, split: str, cfg: LmConfig, device: torch.device,
-               substitution: float = 0.0, seed: int = 0, batch_windows: int = 64) -> float:
+               substitution: float = 0.0, seed: int = 0) -> float:
     """Perplexity per word on non-overlapping ``context``-token windows of a split.
 
     With ``substitution`` > 0 each input token is replaced, with that probability, by a uniformly random token
@@ -174,13 +175,15 @@ def perplexity(model: GPT, corpus: Corpus, split: str, cfg: LmConfig, device: to
     comparable; for a word-level model it is the usual per-token perplexity.
     """
     ids = corpus.ids[split]
-    n_tokens = len(ids) - 1 if not cfg.eval_tokens else min(cfg.eval_tokens, len(ids) - 1)
+    n_tokens = round(evaluated_fraction(corpus, split, cfg) * (len(ids) - 1))
     inputs, targets = ids[:n_tokens].clone(), ids[1: n_tokens + 1]
     if substitution > 0:
         gen = torch.Generator().manual_seed(seed * 1000 + round(substitution * 1000))
         hit = torch.rand(n_tokens, generator=gen) < substitution
         inputs[hit] = torch.randint(0, len(corpus.vocab), (int(hit.sum()),), generator=gen)
     total = 0.0
+    # windows per forward pass: a full softmax materialises (windows, context, V) logits; keep them near 256 MB
+    batch_windows = 64 if model.adaptive is not None else max(1, (1 << 26) // (cfg.context * len(corpus.vocab)))
     for start in range(0, n_tokens, cfg.context * batch_windows):
         chunk = slice(start, min(n_tokens, start + cfg.context * batch_windows))
         x, y = inputs[chunk], targets[chunk]
@@ -191,5 +194,5 @@ def perplexity(model: GPT, corpus: Corpus, split: str, cfg: LmConfig, device: to
         for xb, yb in pieces:
             with torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
                 total += float(model.token_nll(xb.to(device), yb.to(device)).double().sum())
-    words = n_tokens * corpus.words[split] / len(ids)  # = n_tokens for a word-level vocabulary
+    words = n_tokens * len(corpus.words[split]) / len(ids)  # = n_tokens for a word-level vocabulary
     return math.exp(total / words)

@@ -33,7 +33,7 @@ def corrupt(x_bn3: torch.Tensor, name: str, severity: int, seed: int = 0) -> tor
         raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
     gen = torch.Generator().manual_seed(seed)
     x = x_bn3.float().cpu()
-    return _FUNCTIONS[name](x, severity - 1, gen).to(x_bn3.dtype)
+    return _FUNCTIONS[name](x, severity - 1, gen).to(x_bn3.device, x_bn3.dtype)
 
 
 def _uniform(shape, low, high, gen) -> torch.Tensor:

@@ -76,10 +76,11 @@ def load_modelnet(root: Path, name: str, num_points: int) -> PointClouds:
     pyg_root.mkdir(parents=True, exist_ok=True)
     if not (pyg_root / "raw").exists():
         (pyg_root / "raw").symlink_to(folder.resolve(), target_is_directory=True)
-    torch.manual_seed(0)  # SamplePoints draws from the global generator; processing happens once per cache folder
     splits = {}
     for train in (True, False):
-        ds = ModelNet(str(pyg_root), name=name, train=train, pre_transform=SamplePoints(num_points))
+        with torch.random.fork_rng():  # SamplePoints draws from the global generator (once per cache folder):
+            torch.manual_seed(0)       # seed it for the cache without touching the run's own random state
+            ds = ModelNet(str(pyg_root), name=name, train=train, pre_transform=SamplePoints(num_points))
         x = torch.stack([d.pos for d in ds]) if len(ds) else torch.zeros(0, num_points, 3)
         splits[train] = (normalize(x), torch.cat([d.y for d in ds]) if len(ds) else torch.zeros(0, dtype=torch.long))
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir())

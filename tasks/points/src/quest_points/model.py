@@ -135,10 +135,16 @@ class GlobalPointTransformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Sequential(nn.Linear(2 * dim, 256), nn.GELU(), nn.Linear(256, num_classes))
 
+    def no_weight_decay(self) -> set[str]:
+        return {"cls", "cls_pos"}
+
     def tokens(self, pos: torch.Tensor, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Group embeddings (B, G, dim) and centres (B, G, 3): a mini-PointNet over each group's relative positions
         (per-point MLP, concatenated with its max over the group, a second MLP, max again)."""
         counts = torch.bincount(batch)
+        if int(counts.min()) < max(self.groups, self.group_size):
+            raise ValueError(f"a cloud has {int(counts.min())} points; the global model needs at least "
+                             f"max(groups, group_size) = {max(self.groups, self.group_size)}")
         idx = fps(pos, batch, float(self.groups) / float(counts.min()))
         centre_batch = batch[idx]
         keep = torch.cat([torch.nonzero(centre_batch == b).flatten()[: self.groups] for b in range(len(counts))])

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
+from quest_bench.training import decay_groups
 from quest_core import Telemetry, summarize
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_points.data import load
@@ -26,8 +27,9 @@ class PointsConfig:
     scanobjectnn_split: str = ""  # "" = OBJ_ONLY, "_augmentedrot_scale75" = PB_T50_RS
     model: str = "global"  # global (Point-MAE-style) | local (kNN-graph attention, hierarchical)
     sample_points: int = 1024  # ModelNet: surface points sampled per mesh (the shipped shapes have 1,024)
-    global_points: int = 512  # points per cloud the global model sees (a random subset each training step,
-    local_points: int = 256  # a fixed seeded one for evaluation); the local model costs ~4x more per point
+    global_points: int = 512  # points per cloud for the global model: a random subset each training step,
+    # a fixed seeded one for evaluation
+    local_points: int = 256  # the same for the local model (which costs ~4x more per point)
     groups: int = 32  # global: FPS centres (tokens)
     group_size: int = 16  # global: kNN points per group
     point_width: int = 64  # global: width of the per-group PointNet
@@ -39,7 +41,7 @@ class PointsConfig:
     epochs: int = 25
     batch_size: int = 32
     lr: float = 1e-3  # AdamW peak, 1 warm-up epoch then cosine to 1 %
-    weight_decay: float = 0.05
+    weight_decay: float = 0.05  # on weight matrices only (quest_bench.training.decay_groups)
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.1
     augment: bool = True  # random anisotropic scale in [2/3, 3/2] and shift in [-0.2, 0.2] per cloud
@@ -80,10 +82,13 @@ class PointsTask(Task):
         pred = predict(model, test_x, device)
         metrics = {"test_acc": (pred == data.test_y).float().mean().item(),
                    "mean_class_acc": mean_class_accuracy(pred, data.test_y, len(data.classes))}
-        n = len(test_x) if not cfg.corruption_samples else min(cfg.corruption_samples, len(test_x))
+        keep = torch.arange(len(test_x))  # the test set is sorted by class: subsample at random, not the first n
+        if cfg.corruption_samples and cfg.corruption_samples < len(test_x):
+            keep = torch.randperm(len(test_x), generator=torch.Generator().manual_seed(ctx.seed))[:cfg.corruption_samples]
+        x_c, y_c = test_x[keep], data.test_y[keep]
         metrics.update(corruption_summary({
-            name: [(predict(model, corrupt(test_x[:n], name, s, seed=ctx.seed * 1000 + 10 * i + s), device)
-                    == data.test_y[:n]).float().mean().item() for s in SEVERITIES]
+            name: [(predict(model, corrupt(x_c, name, s, seed=ctx.seed * 1000 + 10 * i + s), device) == y_c)
+                   .float().mean().item() for s in SEVERITIES]
             for i, name in enumerate(CORRUPTIONS)
         }))
         metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
@@ -133,7 +138,7 @@ def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tenso
     if per_epoch == 0:
         raise ValueError(f"{len(x)} training clouds is fewer than one batch of {cfg.batch_size}")
     steps = cfg.epochs * per_epoch
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr)
     warmup = int(cfg.warmup_epochs * per_epoch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup))
     telemetry = Telemetry(model, max_queries=64)
