@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-CORRUPTION_ACC = "corruption_acc/"  # per corruption: accuracy averaged over severities
 CORRUPTION_ERROR = "corruption_error/"  # per corruption: error summed over severities (the leaderboard's mCE input)
 
 
-def corruption_summary(acc_by_corruption: dict[str, list[float]]) -> dict[str, float]:
-    """Per corruption, the accuracy averaged over severities and the error summed over them; plus
-    ``corrupted_acc``, the accuracy averaged over every corruption and severity."""
+def corruption_summary(score_by_corruption: dict[str, list[float]], score: str = "acc") -> dict[str, float]:
+    """Per corruption, the score (accuracy, or another score in [0, 1] such as mIoU) averaged over severities as
+    ``corruption_<score>/<name>`` and its error (1 - score) summed over them; plus ``corrupted_<score>``, the score
+    averaged over every corruption and severity."""
     out = {}
-    for name, per_severity in acc_by_corruption.items():
-        out[f"{CORRUPTION_ACC}{name}"] = sum(per_severity) / len(per_severity)
+    for name, per_severity in score_by_corruption.items():
+        out[f"corruption_{score}/{name}"] = sum(per_severity) / len(per_severity)
         out[f"{CORRUPTION_ERROR}{name}"] = sum(1 - a for a in per_severity)
-    every = [a for accs in acc_by_corruption.values() for a in accs]
-    out["corrupted_acc"] = sum(every) / len(every)
+    every = [a for values in score_by_corruption.values() for a in values]
+    out[f"corrupted_{score}"] = sum(every) / len(every)
     return out
