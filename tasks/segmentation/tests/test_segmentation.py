@@ -219,3 +219,20 @@ def test_a_tiny_run_learns_and_reports_corrupted_miou(tmp_path):
     assert m["miou"] > 0.25 and m["aacc"] > 0.4  # chance: aAcc ~0.1, mIoU ~0.05 for 10 classes
     assert {f"corruption_error/{c}" for c in CORRUPTIONS} <= set(m) and 0 < m["corrupted_miou"] < 1
     assert "final_max_logit" in m and len((tmp_path / "run" / "events.jsonl").read_text().splitlines()) >= 15
+
+
+@pytest.mark.slow
+def test_consecutive_runs_in_one_process_are_independent(tmp_path):
+    """A Ray worker runs many runs in one process: mmengine's per-process singletons must not leak between them."""
+    import shutil
+
+    from quest_bench.runner import execute, resolve
+    from quest_bench.spec import RunSpec
+
+    overrides = {"iters": 10, "mosaic_train": 64, "mosaic_val": 8, "corruption_samples": 0}
+    for seed in (0, 1):
+        out = tmp_path / f"run{seed}"
+        result = execute(resolve(RunSpec("segmentation", "softmax", "tiny", seed, overrides)), out, progress=False)
+        assert result.status == "ok", result.reason
+        assert (out / "mmseg").is_dir()
+        shutil.rmtree(out)  # the next run must not write into this folder

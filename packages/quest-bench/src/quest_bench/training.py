@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 
@@ -24,3 +26,11 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         quiet = p.ndim < 2 or name.endswith(("q_gain", "k_gain")) or name in skip
         (no_decay if quiet else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.01) -> float:
+    """Learning-rate factor: linear warm-up to 1 over ``warmup`` steps, then cosine decay to ``floor`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import decay_groups
+from quest_bench.training import decay_groups, warmup_cosine
 from quest_core import Telemetry, summarize
 from quest_lm.data import Corpus, load_corpus
 from quest_lm.model import GPT
@@ -92,10 +92,7 @@ class LmTask(Task):
 
 def lr_factor(step: int, cfg: LmConfig) -> float:
     """Linear warm-up to 1, then cosine decay to ``min_lr_ratio``."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 class SpikeDetector:

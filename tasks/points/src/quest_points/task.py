@@ -5,7 +5,6 @@ leaderboard), attention telemetry."""
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -14,7 +13,7 @@ import torch.nn.functional as F
 
 from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import decay_groups
+from quest_bench.training import decay_groups, warmup_cosine
 from quest_core import Telemetry, summarize
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_points.data import load
@@ -124,13 +123,6 @@ def augment(x_bp3: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return x_bp3 * scale + shift
 
 
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tensor, ctx, device) -> int:
     """AdamW with warm-up + cosine, label smoothing, scale/shift augmentation; returns the number of steps."""
     gen = torch.Generator().manual_seed(ctx.seed)
@@ -140,7 +132,7 @@ def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tenso
     steps = cfg.epochs * per_epoch
     optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr)
     warmup = int(cfg.warmup_epochs * per_epoch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, steps, warmup))
     telemetry = Telemetry(model, max_queries=64)
     step = 0
     model.train()

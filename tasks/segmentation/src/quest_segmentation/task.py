@@ -107,6 +107,8 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     if cfg.iters:
         set_iters(mm_cfg, cfg.iters)
     mm_cfg.work_dir = str(Path(ctx.out_dir) / "mmseg")
+    # mmengine keeps one Visualizer per name per process; a Ray worker runs many runs, so name it per run.
+    mm_cfg.visualizer.name = f"visualizer-{Path(ctx.out_dir).name}-{id(ctx)}"
     mm_cfg.randomness = dict(seed=ctx.seed, deterministic=False)
     if ctx.device == "cpu":
         mm_cfg.env_cfg.dist_cfg = dict(backend="gloo")
