@@ -219,6 +219,7 @@ def test_a_tiny_run_learns_and_reports_corrupted_miou(tmp_path):
     assert m["miou"] > 0.25 and m["aacc"] > 0.4  # chance: aAcc ~0.1, mIoU ~0.05 for 10 classes
     assert {f"corruption_error/{c}" for c in CORRUPTIONS} <= set(m) and 0 < m["corrupted_miou"] < 1
     assert "final_max_logit" in m and len((tmp_path / "run" / "events.jsonl").read_text().splitlines()) >= 15
+    assert (tmp_path / "run" / "predictions.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow

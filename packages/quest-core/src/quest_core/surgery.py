@@ -1,7 +1,8 @@
 """swap_attention: convert a third-party model's attention modules in place, keeping their weights.
 
 Supported hosts (more come with their domain packages):
-- ``torch.nn.MultiheadAttention`` (torchvision ViT, torchaudio Conformer, nn.Transformer*, ...);
+- ``torch.nn.MultiheadAttention`` (torchvision ViT, torchaudio Conformer, nn.Transformer*, PyG's GPSConv, and
+  mmcv's ``MultiheadAttention`` wrapper that mmsegmentation's ViT and Segmenter head use, ...);
 - timm's ``Attention`` (timm ViT, DeiT, ...), exact class only: subclasses change the forward;
 - modules already built from quest_core: their variant is changed (learnable scales start fresh).
 """

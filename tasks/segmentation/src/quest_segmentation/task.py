@@ -20,6 +20,7 @@ from quest_bench.task import Resources, Task, TaskOutput
 from quest_core import Telemetry, summarize
 from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES
 from quest_segmentation import data as D
+from quest_segmentation.figures import prediction_figure
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -38,6 +39,7 @@ class SegmentationConfig:
     pretrained: str = ""  # backbone checkpoint (mmseg layout), relative to --data-root or absolute
     corruption_samples: int = 200  # validation images per (corruption, severity); 0 = skip corruptions
     log_every: int = 20  # telemetry and events.jsonl every this many iterations
+    figure_images: int = 6  # validation images in predictions.png (0 = no figure)
 
 
 class SegmentationTask(Task):
@@ -67,6 +69,9 @@ class SegmentationTask(Task):
         metrics = {"miou": clean["mIoU"] / 100, "aacc": clean["aAcc"] / 100, "macc": clean["mAcc"] / 100}
         if cfg.corruption_samples:
             metrics.update(corruption_metrics(runner, mm_cfg, cfg.corruption_samples, ctx.seed))
+        if cfg.figure_images:
+            prediction_figure(runner, cfg.figure_images, Path(ctx.out_dir) / "predictions.png",
+                              f"{ctx.variant}: validation predictions (mIoU {metrics['miou']:.3f})")
         metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
         samples = mm_cfg.train_cfg.max_iters * mm_cfg.train_dataloader.batch_size
         return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)

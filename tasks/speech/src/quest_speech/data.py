@@ -92,19 +92,19 @@ def _synthesize_all(texts: list[str], split: str, seed: int, pad_s: float) -> tu
 
 
 def _cached(kind: str, args: dict, build) -> Utterances:
+    """``build()``'s utterances, stored once as int16 and always returned from that stored form, so a run that
+    synthesized the set and a run that read it from the cache see the same samples."""
     key = json.dumps({"kind": kind, "v": SYNTH_VERSION, **args}, sort_keys=True)
     path = CACHE / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
-    if path.exists():
-        blob = torch.load(path, weights_only=True)
-        audio = [a.float() / 32767 for a in blob["audio"]]
-        return Utterances(audio, blob["targets"], blob["speakers"])
-    utts = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"audio": [(a.clamp(-1, 1) * 32767).round().short() for a in utts.audio],
-                "targets": utts.targets, "speakers": utts.speakers, "key": key}, tmp)
-    tmp.replace(path)  # atomic: parallel runs never read a half-written file
-    return utts
+    if not path.exists():
+        utts = build()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save({"audio": [(a.clamp(-1, 1) * 32767).round().short() for a in utts.audio],
+                    "targets": utts.targets, "speakers": utts.speakers, "key": key}, tmp)
+        tmp.replace(path)  # atomic: parallel runs never read a half-written file
+    blob = torch.load(path, weights_only=True)
+    return Utterances([a.float() / 32767 for a in blob["audio"]], blob["targets"], blob["speakers"])
 
 
 def keywords(split: str, per_word: int, seed: int = 0) -> Utterances:

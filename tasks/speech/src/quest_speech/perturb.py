@@ -5,11 +5,14 @@
 | white  | SNR 20, 10, 5, 0 dB        | additive Gaussian noise                                                 |
 | babble | SNR 20, 10, 5, 0 dB        | additive sum of four other test utterances (other voices and texts)     |
 | speed  | 0.9x, 1.1x                 | resampling: tempo and pitch change together (sox ``speed``, Kaldi recipes) |
-| pitch  | -2, +2 semitones           | ``torchaudio.functional.pitch_shift`` (phase vocoder), tempo kept       |
+| pitch  | x8/9, x9/8 (about -2, +2 semitones) | phase-vocoder time stretch, then resampling by the same ratio: tempo kept |
 | reverb | RT60 0.3 s, 0.6 s          | convolution with a synthetic room impulse response (exponentially decaying noise) |
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import torch
 import torchaudio.functional as AF
@@ -20,7 +23,8 @@ PERTURBATIONS: dict[str, tuple] = {
     "white": (20, 10, 5, 0),
     "babble": (20, 10, 5, 0),
     "speed": (0.9, 1.1),
-    "pitch": (-2, 2),
+    "pitch": (8 / 9, 9 / 8),  # ratios of small integers: torchaudio's pitch_shift(n_steps=2) resamples 16000 ->
+    # 14254 Hz, whose sinc kernel made it take ~9 s per one-second clip
     "reverb": (0.3, 0.6),
 }
 
@@ -54,6 +58,18 @@ def room_impulse(rt60: float, gen: torch.Generator) -> torch.Tensor:
     return rir
 
 
+def pitch_shift(x: torch.Tensor, ratio: float, n_fft: int = 512, hop: int = 128) -> torch.Tensor:
+    """Raise the pitch by ``ratio`` (a ratio of small integers) and keep the duration: stretch the time axis by
+    ``ratio`` with torchaudio's phase vocoder, then resample it back to the original length."""
+    frac = Fraction(ratio).limit_denominator(16)
+    window = torch.hann_window(n_fft)
+    spec = torch.stft(x, n_fft, hop, window=window, return_complex=True)
+    advance = torch.linspace(0, math.pi * hop, spec.shape[0])[:, None]
+    stretched = AF.phase_vocoder(spec, 1 / float(frac), advance)
+    y = torch.istft(stretched, n_fft, hop, window=window, length=round(len(x) * float(frac)))
+    return AF.resample(y, frac.numerator, frac.denominator)[: len(x)]
+
+
 def perturb(x: torch.Tensor, family: str, level: float, seed: int, others: list[torch.Tensor] = ()) -> torch.Tensor:
     """One perturbed waveform; ``others`` (utterances other than ``x``) are needed for ``babble``."""
     if family not in PERTURBATIONS:
@@ -68,6 +84,6 @@ def perturb(x: torch.Tensor, family: str, level: float, seed: int, others: list[
     if family == "speed":
         return AF.resample(x, round(SAMPLE_RATE * level), SAMPLE_RATE)
     if family == "pitch":
-        return AF.pitch_shift(x, SAMPLE_RATE, level)
+        return pitch_shift(x, level)
     wet = AF.fftconvolve(x, room_impulse(level, gen))[: len(x)]
     return wet * (_power(x) / _power(wet)).sqrt()
