@@ -164,3 +164,16 @@ def test_leaderboard_mce_relative_to_softmax(tmp_path):
     assert rows["softmax"].endswith("| 100.0 | 0 | 0 |")  # the reference
     assert rows["quest"].endswith("| 62.5 | 0 | 0 |")  # (1.0/2.0 + 0.75/1.0) / 2
     assert "| quest | 0.750 |" in md  # win rate: accuracy tied (0.5), mCE lower (1.0)
+
+
+def test_a_rerun_replaces_every_file_of_the_failed_attempt(tmp_path):
+    from quest_bench.sweep import write_run
+
+    store = Store(tmp_path / "suite")
+    spec = RunSpec("spurious", "quest", "tiny", 0, {}, "x")
+    write_run(store, spec, make_result(spec.run_id, "quest", status="failed"), {"error.txt": b"Traceback ...", "events.jsonl": b"{}\n"})
+    write_run(store, spec, make_result(spec.run_id, "quest"), {"events.jsonl": b'{"step": 1}\n'})
+    folder = store.run_dir(spec.run_id)
+    assert not (folder / "error.txt").exists()
+    assert (folder / "events.jsonl").read_text() == '{"step": 1}\n'
+    assert [r.status for r in store.load()] == ["ok"]

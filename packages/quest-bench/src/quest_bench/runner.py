@@ -51,6 +51,7 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         Path(injected["crash_once"]).touch()
         os._exit(17)  # a worker that dies: the driver must retry
     task = get_task(spec.task)
+    (Path(out_dir) / "error.txt").unlink(missing_ok=True)  # from an earlier attempt in the same folder
     result = RunResult(
         run_id=spec.run_id, task=spec.task, task_version=task.version, variant=spec.variant, preset=spec.preset,
         seed=spec.seed, overrides=dict(spec.overrides), status="ok", primary_metric=task.primary_metric,

@@ -109,6 +109,7 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
 
 def write_run(store: Store, spec: RunSpec, result: RunResult, files: dict[str, bytes]) -> None:
     folder = store.run_dir(spec.run_id)
+    shutil.rmtree(folder, ignore_errors=True)  # a re-run replaces every file of the earlier attempt (error.txt, ...)
     folder.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
         target = folder / name

@@ -54,7 +54,8 @@ class QuestEncoderDecoder(EncoderDecoder):
 class TextureMosaicsDataset(ADE20KDataset):
     """The texture mosaics, read exactly as ADE20K is (only the class list differs)."""
 
-    METAINFO = dict(classes=SOURCES, palette=[[(37 * i) % 256, (91 * i) % 256, (157 * i) % 256] for i in range(1, 11)])
+    METAINFO = dict(classes=SOURCES,
+                    palette=[[(37 * i) % 256, (91 * i) % 256, (157 * i) % 256] for i in range(1, 11)])
 
 
 @TRANSFORMS.register_module()
