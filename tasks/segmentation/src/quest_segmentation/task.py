@@ -155,7 +155,7 @@ class QuestRunHook(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         step = runner.iter + 1
-        loss = float(outputs["loss"])
+        loss = outputs["loss"].detach().item()
         stats = None
         if self._logging(runner.iter):
             per_layer = self.telemetry.snapshot()
