@@ -307,7 +307,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         if b.margin_rates():
             lines += margin_table(b)
         if with_mce:
-            lines += [f"mCE: per corruption ({', '.join(b.corruptions())}), error summed over 5 severities relative "
+            lines += [f"mCE: per corruption ({', '.join(b.corruptions())}), error summed over its severities relative "
                       f"to `{BASELINE}` (mean over runs), averaged over corruptions; 100 = as robust as `{BASELINE}`.", ""]
         lines += [f"![{name}]({name})" for name in figures.get(b.title, [])] + [""]
         if links and links.get(b.title):
