@@ -113,7 +113,8 @@ def write_ade_fixture(root, n=3, size=(40, 56)):
         (root / "annotations" / split).mkdir(parents=True)
         for i in range(n):
             name = f"ADE_{'train' if split == 'training' else 'val'}_{i:08d}"
-            Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(root / "images" / split / f"{name}.jpg")
+            image = rng.integers(0, 255, (*size, 3), dtype=np.uint8)
+            Image.fromarray(image).save(root / "images" / split / f"{name}.jpg")
             label = rng.integers(0, 151, size, dtype=np.uint8)
             label[0, 0], label[0, 1] = 0, 150
             Image.fromarray(label).save(root / "annotations" / split / f"{name}.png")

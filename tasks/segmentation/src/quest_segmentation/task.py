@@ -27,7 +27,7 @@ CONFIGS = Path(__file__).parent / "configs"
 
 @dataclass
 class SegmentationConfig:
-    config: str = "segmenter_vit-tiny_mosaics-64x64.py"  # an mmseg config: a file in quest_segmentation/configs or a path
+    config: str = "segmenter_vit-tiny_mosaics-64x64.py"  # an mmseg config: in quest_segmentation/configs, or a path
     dataset: str = "mosaics"  # mosaics (generated from the photos bundled in scikit-image) | ade20k (from --data-root)
     mosaic_train: int = 1000  # generated training images
     mosaic_val: int = 200  # generated validation images
@@ -103,8 +103,8 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
             mm_cfg[loader].persistent_workers = cfg.num_workers > 0
     mm_cfg.model.attention = ctx.variant
     if cfg.pretrained:
-        weights = Path(cfg.pretrained) if Path(cfg.pretrained).is_absolute() else Path(ctx.data_root or ".") / cfg.pretrained
-        mm_cfg.model.pretrained = str(weights)
+        weights = Path(cfg.pretrained)
+        mm_cfg.model.pretrained = str(weights if weights.is_absolute() else Path(ctx.data_root or ".") / weights)
     if cfg.batch_size:
         mm_cfg.train_dataloader.batch_size = cfg.batch_size
     if cfg.lr:

@@ -55,7 +55,8 @@ class Conv2dSubsampling(nn.Module):
 
     def __init__(self, n_mels: int, dim: int, channels: int = 64):
         super().__init__()
-        self.conv = nn.Sequential(nn.Conv2d(1, channels, 3, 2), nn.ReLU(), nn.Conv2d(channels, channels, 3, 2), nn.ReLU())
+        self.conv = nn.Sequential(nn.Conv2d(1, channels, 3, 2), nn.ReLU(),
+                                  nn.Conv2d(channels, channels, 3, 2), nn.ReLU())
         self.proj = nn.Linear(channels * (((n_mels - 1) // 2 - 1) // 2), dim)
 
     @staticmethod

@@ -5,8 +5,8 @@
 | white  | SNR 20, 10, 5, 0 dB        | additive Gaussian noise                                                 |
 | babble | SNR 20, 10, 5, 0 dB        | additive sum of four other test utterances (other voices and texts)     |
 | speed  | 0.9x, 1.1x                 | resampling: tempo and pitch change together (sox ``speed``, Kaldi recipes) |
-| pitch  | x8/9, x9/8 (about -2, +2 semitones) | phase-vocoder time stretch, then resampling by the same ratio: tempo kept |
-| reverb | RT60 0.3 s, 0.6 s          | convolution with a synthetic room impulse response (exponentially decaying noise) |
+| pitch  | x8/9, x9/8 (about ±2 semitones) | phase-vocoder time stretch, then resampling by the same ratio |
+| reverb | RT60 0.3 s, 0.6 s          | convolution with a synthetic room impulse response (decaying noise)     |
 """
 
 from __future__ import annotations

@@ -93,7 +93,8 @@ class SpeechCommandsTask(Task):
             train_set, test_set = D.keywords("train", cfg.train_per_word), D.keywords("test", cfg.test_per_word)
         elif cfg.dataset == "speechcommands":
             root = _need_root(ctx, cfg.dataset)
-            train_set, test_set = D.speech_commands(root, "training", cfg.limit), D.speech_commands(root, "testing", cfg.limit)
+            train_set = D.speech_commands(root, "training", cfg.limit)
+            test_set = D.speech_commands(root, "testing", cfg.limit)
         else:
             raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: synth, speechcommands")
         model = KeywordModel(_encoder(cfg, ctx.variant), cfg.dim, len(D.WORDS)).to(device)
