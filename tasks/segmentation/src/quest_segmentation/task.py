@@ -53,6 +53,7 @@ class SegmentationTask(Task):
         "tiny": {},
         "small": {"mosaic_train": 4000, "mosaic_val": 500, "iters": 3000},
         "paper": {"config": "segmenter_vit-t_quest_8xb1-160k_ade20k-512x512.py", "dataset": "ade20k",
+                  "batch_size": 8,  # mmseg's 8 GPUs x 1 image, on the one GPU a run gets
                   "corruption_samples": 2000},
     }
     resources = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),
