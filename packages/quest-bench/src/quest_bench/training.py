@@ -6,6 +6,8 @@ import math
 
 from torch import nn
 
+from quest_core import summarize
+
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups: weight decay on weight matrices and embeddings only.
@@ -34,3 +36,14 @@ def warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.01) -> fl
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def report_step(ctx, bar, step: int, loss: float, per_layer: dict, lr: float) -> None:
+    """After an optimizer step: the divergence check (``ctx.check``) and, on steps where telemetry was taken
+    (``per_layer`` non-empty), one row of events.jsonl with loss, learning rate and the telemetry summary."""
+    stats = summarize(per_layer) if per_layer else None
+    ctx.check(step, loss, stats)
+    if per_layer:
+        ctx.log(step, {"loss": loss, "lr": lr, **stats})
+        bar.set_postfix(loss=f"{loss:.2f}", refresh=False)
+    bar.update(1)

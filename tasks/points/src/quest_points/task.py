@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import decay_groups, warmup_cosine
-from quest_core import Telemetry, summarize
+from quest_bench.training import decay_groups, report_step, warmup_cosine
+from quest_core import Telemetry
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_points.data import load
 from quest_points.model import build_model
@@ -154,12 +154,7 @@ def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tenso
                 optimizer.step()
                 scheduler.step()
                 step += 1
-                stats = summarize(per_layer) if logging else None
-                ctx.check(step, loss.item(), stats)
-                if logging:
-                    ctx.log(step, {"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"], **stats})
-                    bar.set_postfix(loss=f"{loss.item():.2f}", refresh=False)
-                bar.update(1)
+                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"])
     model.eval()
     return steps
 

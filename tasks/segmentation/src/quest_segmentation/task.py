@@ -9,7 +9,6 @@ typed ``SegmentationConfig`` below holds what quest-bench varies and writes it i
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -13,8 +13,8 @@ import torchaudio.functional as AF
 
 from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import decay_groups, warmup_cosine
-from quest_core import Telemetry, summarize
+from quest_bench.training import decay_groups, report_step, warmup_cosine
+from quest_core import Telemetry
 from quest_speech import data as D
 from quest_speech.model import CtcModel, KeywordModel, SpeechEncoder, greedy_ctc
 from quest_speech.perturb import PERTURBATIONS, perturb
@@ -213,12 +213,7 @@ def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx, devic
                 optimizer.step()
                 scheduler.step()
                 step += 1
-                stats = summarize(per_layer) if logging else None
-                ctx.check(step, loss.item(), stats)
-                if logging:
-                    ctx.log(step, {"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"], **stats})
-                    bar.set_postfix(loss=f"{loss.item():.2f}", refresh=False)
-                bar.update(1)
+                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"])
     model.eval()
     return steps
 
