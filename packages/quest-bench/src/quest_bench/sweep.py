@@ -35,11 +35,17 @@ def run_in_worker(spec_json: dict, device: str, data_root: str | None) -> tuple[
     scratch = Path(tempfile.mkdtemp(prefix=f"quest-{spec.run_id}-"))
     try:
         result = execute(spec, scratch, device=device, data_root=data_root, progress=False)
-        files, total = {}, 0
+        files, total, dropped = {}, 0, []
         for path in sorted(p for p in scratch.rglob("*") if p.is_file()):
-            total += path.stat().st_size
-            if total <= ARTIFACT_LIMIT:
-                files[str(path.relative_to(scratch))] = path.read_bytes()
+            size = path.stat().st_size
+            if total + size > ARTIFACT_LIMIT:  # e.g. a large checkpoint: skipped, smaller files still come back
+                dropped.append(f"{path.relative_to(scratch)} ({size} bytes)")
+                continue
+            total += size
+            files[str(path.relative_to(scratch))] = path.read_bytes()
+        if dropped:
+            files["files_not_kept.txt"] = ("over the per-run limit of files sent back "
+                                           f"({ARTIFACT_LIMIT} bytes):\n" + "\n".join(dropped) + "\n").encode()
         return result.to_json(), files
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

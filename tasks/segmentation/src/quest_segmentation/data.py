@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -72,15 +73,22 @@ def texture_mosaics(n_train: int, n_val: int, size: int, seed: int = 0, cache: P
     if size > SHORT_SIDE * VAL_FRACTION:
         raise ValueError(f"mosaic size {size} is wider than the held-out strip ({int(SHORT_SIDE * VAL_FRACTION)} px)")
     photos = _source_photos()
+    build = root.with_name(f"{root.name}.{os.getpid()}.tmp")  # parallel runs each build their own, then rename
     for split, count in (("training", n_train), ("validation", n_val)):
         rng = np.random.default_rng([seed, 0 if split == "training" else 1])
-        (root / "images" / split).mkdir(parents=True, exist_ok=True)
-        (root / "annotations" / split).mkdir(parents=True, exist_ok=True)
+        (build / "images" / split).mkdir(parents=True, exist_ok=True)
+        (build / "annotations" / split).mkdir(parents=True, exist_ok=True)
         for i in range(count):
             image, label = _mosaic(photos, size, split, rng)
-            Image.fromarray(image).save(root / "images" / split / f"mosaic_{i:05d}.jpg", quality=95)
-            Image.fromarray(label).save(root / "annotations" / split / f"mosaic_{i:05d}.png")
-    (root / "done.json").write_text(key)
+            Image.fromarray(image).save(build / "images" / split / f"mosaic_{i:05d}.jpg", quality=95)
+            Image.fromarray(label).save(build / "annotations" / split / f"mosaic_{i:05d}.png")
+    (build / "done.json").write_text(key)
+    if root.exists() and not (root / "done.json").exists():
+        shutil.rmtree(root, ignore_errors=True)  # an incomplete folder left by an interrupted older build
+    try:
+        build.rename(root)  # atomic; fails if another run got there first (same content)
+    except OSError:
+        shutil.rmtree(build, ignore_errors=True)
     return root
 
 

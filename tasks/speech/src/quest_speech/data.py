@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quest_speech.synth import ACCENTS, SAMPLE_RATE, read_audio, synthesize, voice_variants
+from quest_speech.synth import ACCENTS, SAMPLE_RATE, espeak_version, read_audio, synthesize, voice_variants
 
 CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench")) / "speech"
 SHIPPED = Path(__file__).parent / "data"
@@ -94,7 +94,7 @@ def _synthesize_all(texts: list[str], split: str, seed: int, pad_s: float) -> tu
 def _cached(kind: str, args: dict, build) -> Utterances:
     """``build()``'s utterances, stored once as int16 and always returned from that stored form, so a run that
     synthesized the set and a run that read it from the cache see the same samples."""
-    key = json.dumps({"kind": kind, "v": SYNTH_VERSION, **args}, sort_keys=True)
+    key = json.dumps({"kind": kind, "v": SYNTH_VERSION, "espeak-ng": espeak_version(), **args}, sort_keys=True)
     path = CACHE / f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
     if not path.exists():
         utts = build()

@@ -32,6 +32,14 @@ def espeak() -> str:
 
 
 @functools.cache
+def espeak_version() -> str:
+    """``espeak-ng --version``'s version number: part of every cache key and data revision (the voices, and
+    therefore the split and the audio, come from the installed espeak-ng)."""
+    out = subprocess.run([espeak(), "--version"], capture_output=True, text=True, check=True).stdout
+    return out.split("text-to-speech:")[-1].split()[0] if "text-to-speech:" in out else out.strip()
+
+
+@functools.cache
 def voice_variants() -> tuple[str, ...]:
     """espeak-ng's voice variant names (the ``<name>`` of ``-v en-us+<name>``), sorted."""
     out = subprocess.run([espeak(), "--voices=variant"], capture_output=True, text=True, check=True).stdout
@@ -41,10 +49,14 @@ def voice_variants() -> tuple[str, ...]:
 
 def synthesize(text: str, accent: str, variant: str, rate_wpm: int, pitch: int) -> torch.Tensor:
     """One utterance as a float32 (T,) waveform at 16 kHz."""
-    wav = subprocess.run(
+    done = subprocess.run(
         [espeak(), "-v", f"{accent}+{variant}", "-s", str(rate_wpm), "-p", str(pitch), "--stdout", text],
-        capture_output=True, check=True,
-    ).stdout
+        capture_output=True,
+    )
+    if done.returncode != 0 or len(done.stdout) <= 44:
+        raise RuntimeError(f"espeak-ng failed for voice {accent}+{variant} on {text!r} (exit {done.returncode}): "
+                           f"{done.stderr.decode(errors='replace').strip()}")
+    wav = done.stdout
     # espeak-ng streams its WAV with placeholder sizes in the header: read the samples after the 44-byte header.
     rate = int.from_bytes(wav[24:28], "little")
     audio = np.frombuffer(wav[44: 44 + (len(wav) - 44) // 2 * 2], dtype="<i2").astype(np.float32) / 32768

@@ -18,6 +18,7 @@ from quest_core import Telemetry
 from quest_speech import data as D
 from quest_speech.model import CtcModel, KeywordModel, SpeechEncoder, greedy_ctc
 from quest_speech.perturb import PERTURBATIONS, perturb
+from quest_speech.synth import espeak_version
 
 
 @dataclass
@@ -173,7 +174,10 @@ def _encoder(cfg: SpeechConfig, variant: str) -> SpeechEncoder:
 
 def _revision(cfg, train_set: D.Utterances) -> str:
     voices = len(set(train_set.speakers))
-    return f"{cfg.dataset}: {len(train_set)} training utterances, {voices} voices/speakers (synth v{D.SYNTH_VERSION})"
+    text = f"{cfg.dataset}: {len(train_set)} training utterances, {voices} voices/speakers"
+    if cfg.dataset == "synth":
+        text += f" (synth v{D.SYNTH_VERSION}, espeak-ng {espeak_version()}, test voices {', '.join(D.voices('test'))})"
+    return text
 
 
 def pad_batch(audio: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,7 +270,7 @@ def error_rates(model: CtcModel, utts: D.Utterances, device) -> tuple[float, flo
 
 
 def robustness(test_set: D.Utterances, samples: int, seed: int, score_fn, score: str) -> dict:
-    """``score_fn`` on the first ``samples`` test utterances under every perturbation level (``quest_bench``'s
+    """``score_fn`` on ``samples`` test utterances (spread evenly over the set) under every perturbation level (``quest_bench``'s
     corruption vocabulary: per-family mean, error summed over levels for mCE, overall mean)."""
     base = test_set.subset(samples)
     scores = {}
