@@ -177,3 +177,16 @@ def test_a_rerun_replaces_every_file_of_the_failed_attempt(tmp_path):
     assert not (folder / "error.txt").exists()
     assert (folder / "events.jsonl").read_text() == '{"step": 1}\n'
     assert [r.status for r in store.load()] == ["ok"]
+
+
+def test_files_over_the_limit_are_skipped_and_listed_but_later_files_still_come(tmp_path):
+    from quest_bench.sweep import collect_files
+
+    (tmp_path / "a_checkpoint.pth").write_bytes(b"x" * 500)
+    (tmp_path / "events.jsonl").write_bytes(b"y" * 60)
+    (tmp_path / "z" / "predictions.png").parent.mkdir()
+    (tmp_path / "z" / "predictions.png").write_bytes(b"z" * 30)
+    files = collect_files(tmp_path, limit=100)
+    assert set(files) == {"events.jsonl", "z/predictions.png", "files_not_kept.txt"}
+    assert b"a_checkpoint.pth (500 bytes)" in files["files_not_kept.txt"]
+    assert "files_not_kept.txt" not in collect_files(tmp_path, limit=1000)

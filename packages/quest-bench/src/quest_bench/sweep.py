@@ -35,20 +35,26 @@ def run_in_worker(spec_json: dict, device: str, data_root: str | None) -> tuple[
     scratch = Path(tempfile.mkdtemp(prefix=f"quest-{spec.run_id}-"))
     try:
         result = execute(spec, scratch, device=device, data_root=data_root, progress=False)
-        files, total, dropped = {}, 0, []
-        for path in sorted(p for p in scratch.rglob("*") if p.is_file()):
-            size = path.stat().st_size
-            if total + size > ARTIFACT_LIMIT:  # e.g. a large checkpoint: skipped, smaller files still come back
-                dropped.append(f"{path.relative_to(scratch)} ({size} bytes)")
-                continue
-            total += size
-            files[str(path.relative_to(scratch))] = path.read_bytes()
-        if dropped:
-            files["files_not_kept.txt"] = ("over the per-run limit of files sent back "
-                                           f"({ARTIFACT_LIMIT} bytes):\n" + "\n".join(dropped) + "\n").encode()
-        return result.to_json(), files
+        return result.to_json(), collect_files(scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def collect_files(folder: Path, limit: int = ARTIFACT_LIMIT) -> dict[str, bytes]:
+    """A run's files to send back, up to ``limit`` bytes in all; a file that does not fit (a large checkpoint) is
+    skipped, the smaller ones after it still come, and ``files_not_kept.txt`` lists what was skipped."""
+    files, total, dropped = {}, 0, []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        if total + size > limit:
+            dropped.append(f"{path.relative_to(folder)} ({size} bytes)")
+            continue
+        total += size
+        files[str(path.relative_to(folder))] = path.read_bytes()
+    if dropped:
+        files["files_not_kept.txt"] = (f"over the per-run limit of files sent back ({limit} bytes):\n"
+                                       + "\n".join(dropped) + "\n").encode()
+    return files
 
 
 def failed_result(spec: RunSpec, reason: str) -> RunResult:
