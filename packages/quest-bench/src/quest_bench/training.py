@@ -38,12 +38,13 @@ def warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.01) -> fl
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def report_step(ctx, bar, step: int, loss: float, per_layer: dict, lr: float) -> None:
+def report_step(ctx, bar, step: int, loss: float, per_layer: dict, lr: float, extra: dict | None = None) -> None:
     """After an optimizer step: the divergence check (``ctx.check``) and, on steps where telemetry was taken
-    (``per_layer`` non-empty), one row of events.jsonl with loss, learning rate and the telemetry summary."""
+    (``per_layer`` non-empty), one row of events.jsonl with loss, learning rate, ``extra`` (task-specific values,
+    e.g. loss terms) and the telemetry summary."""
     stats = summarize(per_layer) if per_layer else None
     ctx.check(step, loss, stats)
     if per_layer:
-        ctx.log(step, {"loss": loss, "lr": lr, **stats})
+        ctx.log(step, {"loss": loss, "lr": lr, **(extra or {}), **stats})
         bar.set_postfix(loss=f"{loss:.2f}", refresh=False)
     bar.update(1)

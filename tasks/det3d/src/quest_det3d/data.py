@@ -1,0 +1,140 @@
+"""det3d data: a simulated nuScenes v1.0-mini (default, generated and cached) or the real nuScenes (``--data-root``),
+both read through the official devkit.
+
+- ``simulated_root`` writes ten simulated scenes under the official v1.0-mini scene names (``mini_train``: 8,
+  ``mini_val``: 2) into ``~/.cache/quest-bench/det3d`` (``QUEST_BENCH_CACHE`` moves it), once per setting.
+- ``nuscenes_root`` finds a real nuScenes folder under the data root: ``<data-root>/nuscenes/<version>/`` or
+  ``<data-root>/<version>/``, with ``samples/`` and ``sweeps/`` next to the version folder (the official layout).
+- ``load_split`` reads a split's samples with the devkit: ``LidarPointCloud.from_file_multisweep`` accumulates the key
+  frame and its previous sweeps in the key frame's LiDAR frame (with each point's time lag and sweep index), and
+  ``NuScenes.get_sample_data`` gives the annotated boxes (with velocities) in that frame.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pyquaternion import Quaternion
+from tqdm.auto import tqdm
+
+CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench"))
+SIM_VERSION = 1  # bump when the simulator or the writer changes (part of the cache folder name)
+SIM_CLASSES = ("car", "truck", "pedestrian", "bicycle", "traffic_cone", "barrier")
+SPLITS = {"v1.0-mini": ("mini_train", "mini_val"), "v1.0-trainval": ("train", "val")}
+
+
+@dataclass
+class Sample:
+    """One key frame, in its LiDAR frame."""
+
+    token: str
+    points: np.ndarray  # (N, 6) float32: x, y, z, intensity, time lag (s) behind the key frame, sweep index
+    boxes: np.ndarray  # (M, 9) float32: x, y, z, w, l, h, yaw, vx, vy (velocity NaN where the devkit has none)
+    labels: np.ndarray  # (M,) int64 index into the task's classes
+    lidar_to_ego: dict  # the calibrated_sensor record (translation, rotation)
+    ego_to_global: dict  # the ego_pose record
+
+
+def simulated_root(samples_per_scene: int, sweeps: int, seed: int = 0, cache: Path | None = None) -> Path:
+    """The folder of a simulated v1.0-mini under ``cache`` (default ``CACHE``), built on first use (parallel runs
+    build apart, then rename)."""
+    from nuscenes.utils.splits import create_splits_scenes
+
+    from quest_det3d.nuscenes_writer import NuScenesWriter
+    from quest_det3d.simulator import make_scene
+
+    root = (cache or CACHE) / "det3d" / f"sim-v{SIM_VERSION}-{samples_per_scene}x{sweeps}-seed{seed}"
+    if (root / "v1.0-mini" / "scene.json").exists():
+        return root
+    build = root.with_name(f"{root.name}.{os.getpid()}.tmp")
+    shutil.rmtree(build, ignore_errors=True)
+    writer = NuScenesWriter(build, "v1.0-mini")
+    splits = create_splits_scenes()
+    names = [*splits["mini_train"], *splits["mini_val"]]
+    for i, name in enumerate(tqdm(names, desc="det3d: simulating scenes", leave=False)):
+        rng = np.random.default_rng([seed, i])
+        scene = make_scene(rng, duration=samples_per_scene * 0.5)
+        writer.add_scene(name, scene, samples_per_scene, sweeps, origin_xy=rng.uniform(200, 1800, 2),
+                         heading=rng.uniform(-np.pi, np.pi), rng=rng, start_us=1_533_000_000_000_000 + i * 10**9)
+    writer.finish()
+    try:
+        build.rename(root)  # atomic; fails if another run got there first (same content)
+    except OSError:
+        shutil.rmtree(build, ignore_errors=True)
+    return root
+
+
+def nuscenes_root(data_root: str | Path, version: str) -> Path:
+    """The real dataset's folder under ``data_root`` (holding ``<version>/`` and ``samples/``), or a clear error."""
+    for candidate in (Path(data_root) / "nuscenes", Path(data_root)):
+        if (candidate / version / "sample.json").exists():
+            if not (candidate / "samples" / "LIDAR_TOP").is_dir():
+                raise FileNotFoundError(f"{candidate} has {version}/ but no samples/LIDAR_TOP/: extract the LiDAR blobs")
+            return candidate
+    raise FileNotFoundError(
+        f"no nuScenes {version} under {data_root}: expected {Path(data_root) / 'nuscenes' / version / 'sample.json'} "
+        f"(the official layout: <root>/{version}/*.json, <root>/samples/LIDAR_TOP/, <root>/sweeps/LIDAR_TOP/)")
+
+
+def open_nuscenes(root: Path, version: str):
+    from nuscenes import NuScenes
+
+    if version not in SPLITS:
+        raise ValueError(f"unknown nuScenes version {version!r}; valid: {', '.join(SPLITS)}")
+    return NuScenes(version=version, dataroot=str(root), verbose=False)
+
+
+def split_tokens(nusc, split: str) -> list[str]:
+    """The sample tokens of an official split, in scene and time order."""
+    from nuscenes.utils.splits import create_splits_scenes
+
+    names = set(create_splits_scenes()[split])
+    tokens = []
+    for scene in sorted(nusc.scene, key=lambda s: s["name"]):
+        if scene["name"] in names:
+            token = scene["first_sample_token"]
+            while token:
+                tokens.append(token)
+                token = nusc.get("sample", token)["next"]
+    if not tokens:
+        raise ValueError(f"split {split!r} has no samples in {nusc.dataroot} ({nusc.version})")
+    return tokens
+
+
+def load_split(nusc, split: str, classes: tuple[str, ...], sweeps: int, point_range: float,
+               progress: bool = True) -> list[Sample]:
+    """Every key frame of ``split`` with its accumulated sweeps and its boxes of ``classes`` (boxes without LiDAR
+    points are dropped, as the evaluation drops them); points outside |x|, |y| < ``point_range`` are cropped."""
+    from nuscenes.eval.detection.utils import category_to_detection_name
+    from nuscenes.utils.data_classes import LidarPointCloud
+
+    samples = []
+    for token in tqdm(split_tokens(nusc, split), desc=f"det3d: reading {split}", leave=False, disable=not progress):
+        record = nusc.get("sample", token)
+        cloud, lag = LidarPointCloud.from_file_multisweep(nusc, record, "LIDAR_TOP", "LIDAR_TOP", nsweeps=sweeps)
+        sweep = np.unique(lag[0], return_inverse=True)[1]  # 0 = the key frame, 1 = the sweep before, ...
+        points = np.vstack([cloud.points, lag, sweep[None]]).T.astype(np.float32)
+        points = points[(np.abs(points[:, 0]) < point_range) & (np.abs(points[:, 1]) < point_range)]
+        lidar_token = record["data"]["LIDAR_TOP"]
+        sd = nusc.get("sample_data", lidar_token)
+        lidar_to_ego = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
+        ego_to_global = nusc.get("ego_pose", sd["ego_pose_token"])
+        global_to_lidar = (Quaternion(lidar_to_ego["rotation"]).inverse
+                           * Quaternion(ego_to_global["rotation"]).inverse).rotation_matrix
+        _, boxes, _ = nusc.get_sample_data(lidar_token)
+        rows, labels = [], []
+        for box in boxes:
+            name = category_to_detection_name(box.name)
+            annotation = nusc.get("sample_annotation", box.token)
+            if name not in classes or annotation["num_lidar_pts"] + annotation["num_radar_pts"] == 0:
+                continue
+            velocity = global_to_lidar @ nusc.box_velocity(box.token)  # get_sample_data leaves box.velocity NaN
+            rows.append([*box.center, *box.wlh, box.orientation.yaw_pitch_roll[0], *velocity[:2]])
+            labels.append(classes.index(name))
+        samples.append(Sample(token, points, np.array(rows, np.float32).reshape(-1, 9), np.array(labels, np.int64),
+                              lidar_to_ego, ego_to_global))
+    return samples
