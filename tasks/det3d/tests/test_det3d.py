@@ -17,12 +17,12 @@ from quest_det3d.model import Detector, PillarEncoder
 from quest_det3d.simulator import ELEVATIONS_DEG, make_scene, sweep
 from quest_det3d.task import augment
 
-SAMPLES, SWEEPS = 4, 2
+SAMPLES, SWEEPS = 4, 2  # key frames per scene; sweeps accumulated (the key frame and the non-key sweep before it)
 
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    root = D.simulated_root(SAMPLES, SWEEPS, cache=tmp_path_factory.mktemp("cache"))
+    root = D.simulated_root(SAMPLES, between=1, cache=tmp_path_factory.mktemp("cache"))
     return root, D.open_nuscenes(root, "v1.0-mini")
 
 

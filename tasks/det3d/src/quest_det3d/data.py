@@ -39,15 +39,15 @@ class Sample:
     ego_to_global: dict  # the ego_pose record
 
 
-def simulated_root(samples_per_scene: int, sweeps: int, seed: int = 0, cache: Path | None = None) -> Path:
-    """The folder of a simulated v1.0-mini under ``cache`` (default ``CACHE``), built on first use (parallel runs
-    build apart, then rename)."""
+def simulated_root(samples_per_scene: int, between: int = 1, seed: int = 0, cache: Path | None = None) -> Path:
+    """The folder of a simulated v1.0-mini (``samples_per_scene`` key frames per scene, ``between`` non-key sweeps
+    before each) under ``cache`` (default ``CACHE``), built on first use (parallel runs build apart, then rename)."""
     from nuscenes.utils.splits import create_splits_scenes
 
     from quest_det3d.nuscenes_writer import NuScenesWriter
     from quest_det3d.simulator import make_scene
 
-    root = (cache or CACHE) / "det3d" / f"sim-v{SIM_VERSION}-{samples_per_scene}x{sweeps}-seed{seed}"
+    root = (cache or CACHE) / "det3d" / f"sim-v{SIM_VERSION}-{samples_per_scene}x{between}-seed{seed}"
     if (root / "v1.0-mini" / "scene.json").exists():
         return root
     build = root.with_name(f"{root.name}.{os.getpid()}.tmp")
@@ -58,7 +58,7 @@ def simulated_root(samples_per_scene: int, sweeps: int, seed: int = 0, cache: Pa
     for i, name in enumerate(tqdm(names, desc="det3d: simulating scenes", leave=False)):
         rng = np.random.default_rng([seed, i])
         scene = make_scene(rng, duration=samples_per_scene * 0.5)
-        writer.add_scene(name, scene, samples_per_scene, sweeps, origin_xy=rng.uniform(200, 1800, 2),
+        writer.add_scene(name, scene, samples_per_scene, between, origin_xy=rng.uniform(200, 1800, 2),
                          heading=rng.uniform(-np.pi, np.pi), rng=rng, start_us=1_533_000_000_000_000 + i * 10**9)
     writer.finish()
     try:

@@ -4,10 +4,11 @@ exactly as it loads the real v1.0-mini.
 
 Conventions follow nuScenes: boxes in the global frame, ``size`` = [w, l, h], rotations as [w, x, y, z]
 quaternions, timestamps in microseconds, ``.pcd.bin`` files of float32 (x, y, z, intensity, ring). Key frames come
-every 0.5 s; before each key frame ``sweeps - 1`` non-key sweeps 0.15 s apart continue the LIDAR_TOP
+every 0.5 s, and ``between`` non-key sweeps evenly spaced before each key frame continue the LIDAR_TOP
 ``prev``/``next`` chain. The real data stores every 20 Hz turn (9 between key frames) and detectors accumulate the
-last 10 (0.45 s); storing every third turn lets 3 sweeps span 0.3 s, which keeps the cache and the CPU cost small
-while moving objects still smear enough for velocity to be learnable.
+last 10 (0.45 s); the default here stores one turn half-way between key frames, so that accumulating 3 sweeps
+(key frame, the sweep 0.25 s before, the previous key frame) spans 0.5 s like nuScenes' 10 while the cache and the
+CPU cost stay small.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from PIL import Image
 from pyquaternion import Quaternion
 
-from quest_det3d.simulator import CLASSES, SENSOR_FORWARD, SENSOR_HEIGHT, SENSOR_YAW, SWEEP_PERIOD, Scene, sweep
+from quest_det3d.simulator import CLASSES, SENSOR_FORWARD, SENSOR_HEIGHT, SENSOR_YAW, Scene, sweep
 
 ATTRIBUTES = ("vehicle.moving", "vehicle.stopped", "vehicle.parked", "pedestrian.moving", "pedestrian.standing",
               "cycle.with_rider", "cycle.without_rider")
@@ -64,9 +65,9 @@ class NuScenesWriter:
         t["map"].append({"token": token("map", location), "log_tokens": [self.log_token],
                          "category": "semantic_prior", "filename": "maps/quest-sim.png"})
 
-    def add_scene(self, name: str, scene: Scene, num_samples: int, sweeps: int, origin_xy: np.ndarray,
+    def add_scene(self, name: str, scene: Scene, num_samples: int, between: int, origin_xy: np.ndarray,
                   heading: float, rng: np.random.Generator, start_us: int) -> None:
-        """Simulate ``scene`` at ``num_samples`` key frames (with ``sweeps - 1`` sweeps before each) and add it,
+        """Simulate ``scene`` at ``num_samples`` key frames (with ``between`` sweeps before each) and add it,
         placed in the global frame at ``origin_xy`` with the road along ``heading``."""
         t = self.tables
         c, s = np.cos(heading), np.sin(heading)
@@ -81,8 +82,8 @@ class NuScenesWriter:
         previous_sd: dict | None = None
         for k in range(num_samples):
             key_time = k * KEY_PERIOD
-            for j in reversed(range(sweeps)):  # oldest sweep first; j == 0 is the key frame
-                time = key_time - j * SWEEP_PERIOD
+            for j in reversed(range(between + 1)):  # oldest sweep first; j == 0 is the key frame
+                time = key_time - j * KEY_PERIOD / (between + 1)
                 points, hit = sweep(scene, time, rng)
                 sd_token = token(name, "sample_data", k, j)
                 folder = "samples" if j == 0 else "sweeps"

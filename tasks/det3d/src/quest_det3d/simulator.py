@@ -37,7 +37,6 @@ SENSOR_YAW = -np.pi / 2  # LIDAR_TOP's x axis points to the right of the car
 MAX_RANGE = 70.0
 RANGE_NOISE = 0.02  # m, Gaussian along the ray
 DROPOUT = 0.05  # fraction of returns lost at random
-SWEEP_PERIOD = 0.15  # s between the stored sweeps (the sensor turns at 20 Hz; every third turn is stored)
 # Vehicles are not plain boxes, so that their heading has a visible front: parts as (offset of the part's centre
 # along the length axis, length, height), each a fraction of the annotated box; the part spans the full width.
 PARTS = {
