@@ -177,6 +177,17 @@ def test_the_real_layout_loader_reads_a_fixture_tree_and_explains_a_wrong_one(si
     assert set(np.unique(samples[-1].points[:, 5])) == set(range(SWEEPS))
 
 
+def test_lazy_clouds_equal_loaded_ones_and_corrupted_sets_are_reproducible(sim, val):
+    from quest_det3d.task import corrupt_set
+
+    lazy = D.load_split(sim[1], "mini_val", D.SIM_CLASSES, SWEEPS, 32.0, in_memory=False, progress=False)
+    assert callable(lazy[3].source) and np.array_equal(lazy[3].points, val[3].points)
+    assert np.array_equal(lazy[3].boxes, val[3].boxes)
+    first, second = corrupt_set(val, "fog", 2, seed=1), corrupt_set(lazy, "fog", 2, seed=1)
+    assert np.array_equal(first[2].points, second[2].points) and len(first[2].points) < len(val[2].points)
+    assert not np.array_equal(first[2].points, corrupt_set(val, "fog", 2, seed=2)[2].points)
+
+
 def test_detector_output_shapes_and_variants():
     torch.manual_seed(0)
     clouds = [torch.cat([torch.rand(300, 3) * 40 - 20, torch.rand(300, 1) * 255, torch.zeros(300, 2)], 1)] * 2

@@ -8,7 +8,6 @@ Boxes are rows (x, y, z, w, l, h, yaw, vx, vy) in the LiDAR frame; the regressio
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, fields
 
@@ -131,7 +130,3 @@ def to_global(box_row: np.ndarray, lidar_to_ego: dict, ego_to_global: dict):
     box.rotate(Quaternion(ego_to_global["rotation"]))
     box.translate(np.array(ego_to_global["translation"]))
     return box
-
-
-def wrap_angle(a: torch.Tensor) -> torch.Tensor:
-    return (a + math.pi) % (2 * math.pi) - math.pi

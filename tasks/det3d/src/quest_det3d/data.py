@@ -5,15 +5,17 @@ both read through the official devkit.
   ``mini_val``: 2) into ``~/.cache/quest-bench/det3d`` (``QUEST_BENCH_CACHE`` moves it), once per setting.
 - ``nuscenes_root`` finds a real nuScenes folder under the data root: ``<data-root>/nuscenes/<version>/`` or
   ``<data-root>/<version>/``, with ``samples/`` and ``sweeps/`` next to the version folder (the official layout).
-- ``load_split`` reads a split's samples with the devkit: ``LidarPointCloud.from_file_multisweep`` accumulates the key
+- ``load_split`` reads a split's samples (clouds in memory, or read on use for large sets) with the devkit: ``LidarPointCloud.from_file_multisweep`` accumulates the key
   frame and its previous sweeps in the key frame's LiDAR frame (with each point's time lag and sweep index), and
   ``NuScenes.get_sample_data`` gives the annotated boxes (with velocities) in that frame.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +34,16 @@ class Sample:
     """One key frame, in its LiDAR frame."""
 
     token: str
-    points: np.ndarray  # (N, 6) float32: x, y, z, intensity, time lag (s) behind the key frame, sweep index
     boxes: np.ndarray  # (M, 9) float32: x, y, z, w, l, h, yaw, vx, vy (velocity NaN where the devkit has none)
     labels: np.ndarray  # (M,) int64 index into the task's classes
     lidar_to_ego: dict  # the calibrated_sensor record (translation, rotation)
     ego_to_global: dict  # the ego_pose record
+    source: np.ndarray | Callable[[], np.ndarray]  # the cloud, or a function that reads it (large datasets)
+
+    @property
+    def points(self) -> np.ndarray:
+        """(N, 6) float32: x, y, z, intensity, time lag (s) behind the key frame, sweep index (0 = key frame)."""
+        return self.source() if callable(self.source) else self.source
 
 
 def simulated_root(samples_per_scene: int, between: int = 1, seed: int = 0, cache: Path | None = None) -> Path:
@@ -105,20 +112,28 @@ def split_tokens(nusc, split: str) -> list[str]:
     return tokens
 
 
-def load_split(nusc, split: str, classes: tuple[str, ...], sweeps: int, point_range: float,
-               progress: bool = True) -> list[Sample]:
-    """Every key frame of ``split`` with its accumulated sweeps and its boxes of ``classes`` (boxes without LiDAR
-    points are dropped, as the evaluation drops them); points outside |x|, |y| < ``point_range`` are cropped."""
-    from nuscenes.eval.detection.utils import category_to_detection_name
+def read_cloud(nusc, token: str, sweeps: int, point_range: float) -> np.ndarray:
+    """A sample's accumulated cloud (N, 6), cropped to |x|, |y| < ``point_range``."""
     from nuscenes.utils.data_classes import LidarPointCloud
+
+    record = nusc.get("sample", token)
+    cloud, lag = LidarPointCloud.from_file_multisweep(nusc, record, "LIDAR_TOP", "LIDAR_TOP", nsweeps=sweeps)
+    sweep = np.unique(lag[0], return_inverse=True)[1]  # 0 = the key frame, 1 = the sweep before, ...
+    points = np.vstack([cloud.points, lag, sweep[None]]).T.astype(np.float32)
+    return points[(np.abs(points[:, 0]) < point_range) & (np.abs(points[:, 1]) < point_range)]
+
+
+def load_split(nusc, split: str, classes: tuple[str, ...], sweeps: int, point_range: float, in_memory: bool = True,
+               progress: bool = True) -> list[Sample]:
+    """Every key frame of ``split`` with its boxes of ``classes`` (boxes without LiDAR points are dropped, as the
+    evaluation drops them) and its accumulated cloud: read now (``in_memory``) or each time it is used (the real
+    trainval: ~28k samples x 10 sweeps would not fit in memory)."""
+    from nuscenes.eval.detection.utils import category_to_detection_name
 
     samples = []
     for token in tqdm(split_tokens(nusc, split), desc=f"det3d: reading {split}", leave=False, disable=not progress):
         record = nusc.get("sample", token)
-        cloud, lag = LidarPointCloud.from_file_multisweep(nusc, record, "LIDAR_TOP", "LIDAR_TOP", nsweeps=sweeps)
-        sweep = np.unique(lag[0], return_inverse=True)[1]  # 0 = the key frame, 1 = the sweep before, ...
-        points = np.vstack([cloud.points, lag, sweep[None]]).T.astype(np.float32)
-        points = points[(np.abs(points[:, 0]) < point_range) & (np.abs(points[:, 1]) < point_range)]
+        source = functools.partial(read_cloud, nusc, token, sweeps, point_range)
         lidar_token = record["data"]["LIDAR_TOP"]
         sd = nusc.get("sample_data", lidar_token)
         lidar_to_ego = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
@@ -135,6 +150,6 @@ def load_split(nusc, split: str, classes: tuple[str, ...], sweeps: int, point_ra
             velocity = global_to_lidar @ nusc.box_velocity(box.token)  # get_sample_data leaves box.velocity NaN
             rows.append([*box.center, *box.wlh, box.orientation.yaw_pitch_roll[0], *velocity[:2]])
             labels.append(classes.index(name))
-        samples.append(Sample(token, points, np.array(rows, np.float32).reshape(-1, 9), np.array(labels, np.int64),
-                              lidar_to_ego, ego_to_global))
+        samples.append(Sample(token, np.array(rows, np.float32).reshape(-1, 9), np.array(labels, np.int64),
+                              lidar_to_ego, ego_to_global, source() if in_memory else source))
     return samples

@@ -86,12 +86,12 @@ class NuScenesWriter:
                 time = key_time - j * KEY_PERIOD / (between + 1)
                 points, hit = sweep(scene, time, rng)
                 sd_token = token(name, "sample_data", k, j)
+                timestamp = start_us + int(round(time * 1e6))
                 folder = "samples" if j == 0 else "sweeps"
-                filename = f"{folder}/LIDAR_TOP/{name}__LIDAR_TOP__{start_us + int(time * 1e6)}.pcd.bin"
+                filename = f"{folder}/LIDAR_TOP/{name}__LIDAR_TOP__{timestamp}.pcd.bin"
                 (self.root / filename).parent.mkdir(parents=True, exist_ok=True)
                 points.tofile(self.root / filename)
                 ego = to_global(scene.ego_xy(time))
-                timestamp = start_us + int(round(time * 1e6))
                 t["ego_pose"].append({"token": sd_token, "timestamp": timestamp,
                                       "translation": [ego[0], ego[1], 0.0], "rotation": yaw_quaternion(heading)})
                 record = {"token": sd_token, "sample_token": sample_tokens[k], "ego_pose_token": sd_token,

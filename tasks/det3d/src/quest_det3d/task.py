@@ -4,6 +4,8 @@ TP errors) on the validation split, clean and under Robo3D-style LiDAR corruptio
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import tempfile
 from contextlib import nullcontext
@@ -59,6 +61,8 @@ class Det3dConfig:
     severities: str = "1,2,3"  # corruption severities evaluated ("" = no robustness evaluation)
     amp: bool = False  # bfloat16 autocast (CUDA)
     figure_samples: int = 3  # validation samples drawn in predictions.png (0 = no figure)
+    in_memory: bool = True  # keep the clouds in memory (False: read them each time, for the real trainval)
+    workers: int = 0  # processes reading clouds (DataLoader workers)
     log_every: int = 10
 
 
@@ -76,7 +80,8 @@ class Det3dTask(Task):
             # 10 sweeps, 51.2 m range, AdamW one-cycle to 1e-3 at batch 4/GPU)
             "dataset": "nuscenes", "sweeps": 10, "extent": 51.2, "pillar": 0.2, "pillar_width": 64, "width": 64,
             "dim": 256, "depth": 4, "num_heads": 8, "epochs": 20, "batch_size": 16, "lr": 1e-3,
-            "weight_decay": 0.01, "warmup_epochs": 1, "augment": True, "top_k": 500, "amp": True, "log_every": 50,
+            "weight_decay": 0.01, "warmup_epochs": 1, "augment": True, "top_k": 500, "amp": True,
+            "in_memory": False, "workers": 8, "log_every": 50,
         },
     }
     resources = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),
@@ -99,8 +104,8 @@ class Det3dTask(Task):
             root = D.nuscenes_root(ctx.data_root, version)
         nusc = D.open_nuscenes(root, version)
         train_split, val_split = D.SPLITS[version]
-        train_set = D.load_split(nusc, train_split, classes, cfg.sweeps, cfg.extent, ctx.progress)
-        val_set = D.load_split(nusc, val_split, classes, cfg.sweeps, cfg.extent, ctx.progress)
+        train_set = D.load_split(nusc, train_split, classes, cfg.sweeps, cfg.extent, cfg.in_memory, ctx.progress)
+        val_set = D.load_split(nusc, val_split, classes, cfg.sweeps, cfg.extent, cfg.in_memory, ctx.progress)
 
         model = Detector(len(classes), ctx.variant, cfg.sweeps, cfg.extent, cfg.pillar, cfg.pillar_width, cfg.width, cfg.dim,
                          cfg.depth, cfg.num_heads).to(device)
@@ -137,16 +142,26 @@ def data_revision(cfg: Det3dConfig, root: Path) -> str:
 
 
 def corrupt_set(samples: list[D.Sample], name: str, severity: int, seed: int) -> list[D.Sample]:
-    """The samples with corrupted clouds (sample i uses seed + 7919 * i); boxes and poses unchanged."""
+    """The samples with their clouds corrupted when read (sample i uses seed + 7919 * i); boxes and poses unchanged."""
+    return [dataclasses.replace(s, source=functools.partial(corrupted_cloud, s, name, severity, seed + 7919 * i))
+            for i, s in enumerate(samples)]
+
+
+def corrupted_cloud(sample: D.Sample, name: str, severity: int, seed: int) -> np.ndarray:
     from pyquaternion import Quaternion
 
-    out = []
-    for i, sample in enumerate(samples):
-        forward = Quaternion(sample.lidar_to_ego["rotation"]).inverse.rotate([1.0, 0.0, 0.0])[:2]
-        points = corrupt(sample.points, name, severity, seed + 7919 * i, forward)
-        out.append(D.Sample(sample.token, points, sample.boxes, sample.labels, sample.lidar_to_ego,
-                            sample.ego_to_global))
-    return out
+    forward = Quaternion(sample.lidar_to_ego["rotation"]).inverse.rotate([1.0, 0.0, 0.0])[:2]  # ego x in LiDAR frame
+    return corrupt(sample.points, name, severity, seed, forward)
+
+
+def batches(samples: list[D.Sample], cfg: "Det3dConfig", gen: torch.Generator | None):
+    """Batches (lists) of (points, boxes, labels) tensors, shuffled with ``gen`` (None: in order, all samples);
+    ``cfg.workers`` processes read the clouds."""
+    sampler = torch.utils.data.RandomSampler(samples, generator=gen) if gen is not None else None
+    return torch.utils.data.DataLoader(
+        samples, batch_size=cfg.batch_size, sampler=sampler, drop_last=gen is not None, num_workers=cfg.workers,
+        collate_fn=lambda items: [(torch.from_numpy(s.points), torch.from_numpy(s.boxes), torch.from_numpy(s.labels))
+                                  for s in items])
 
 
 def augment(points: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,17 +202,14 @@ def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classe
     model.train()
     with ctx.bar(steps, "det3d") as bar:
         for _ in range(cfg.epochs):
-            order = torch.randperm(len(samples), generator=gen)
-            for i in range(per_epoch):
-                batch = [samples[j] for j in order[i * cfg.batch_size: (i + 1) * cfg.batch_size]]
-                pairs = [(torch.from_numpy(s.points), torch.from_numpy(s.boxes)) for s in batch]
+            for batch in batches(samples, cfg, gen):
                 if cfg.augment:
-                    pairs = [augment(p, b, gen) for p, b in pairs]
-                targets = encode([b for _, b in pairs], [torch.from_numpy(s.labels) for s in batch], num_classes,
+                    batch = [(*augment(points, boxes, gen), labels) for points, boxes, labels in batch]
+                targets = encode([b for _, b, _ in batch], [lab for _, _, lab in batch], num_classes,
                                  model.grid).to(device)
                 logging = step % cfg.log_every == 0 or step == steps - 1
                 with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
-                    heat, code = model([p.to(device) for p, _ in pairs])
+                    heat, code = model([p.to(device) for p, _, _ in batch])
                     heat_loss, code_loss = focal_loss(heat, targets.heatmap), regression_loss(code, targets, cfg.velocity_weight)
                     loss = heat_loss + 0.25 * code_loss
                     per_layer = telemetry.snapshot() if logging else {}
@@ -218,9 +230,8 @@ def predict(model: Detector, samples: list[D.Sample], cfg: Det3dConfig, device) 
     """Per sample, the top-k detections (LiDAR-frame rows (k, 9), scores, labels)."""
     model.eval()
     out = []
-    for i in range(0, len(samples), cfg.batch_size):
-        clouds = [torch.from_numpy(s.points).to(device) for s in samples[i: i + cfg.batch_size]]
+    for batch in batches(samples, cfg, None):
         with torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
-            heat, code = model(clouds)
+            heat, code = model([p.to(device) for p, _, _ in batch])
         out += decode(heat, code, model.grid, cfg.top_k)
     return [(b.numpy(), s.numpy(), l.numpy()) for b, s, l in out]
