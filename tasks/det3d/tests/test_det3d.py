@@ -11,10 +11,10 @@ import torch
 
 from quest_det3d import data as D
 from quest_det3d.boxes import Grid, decode, encode, to_global
-from quest_det3d.corruptions import CORRUPTIONS, SEVERITIES, corrupt, ring_of
+from quest_det3d.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_det3d.evaluation import detection_config, evaluate, submission
 from quest_det3d.model import Detector, PillarEncoder
-from quest_det3d.simulator import ELEVATIONS_DEG, make_scene, sweep
+from quest_det3d.simulator import ELEVATIONS_DEG, Actor, Scene, make_scene, sweep
 from quest_det3d.task import augment
 
 SAMPLES, SWEEPS = 4, 2  # key frames per scene; sweeps accumulated (the key frame and the non-key sweep before it)
@@ -56,8 +56,10 @@ def test_ground_truth_submitted_as_predictions_scores_ap_one_and_a_shift_is_pena
     config = detection_config(D.SIM_CLASSES, 32.0)
     perfect = [(np.nan_to_num(s.boxes), np.ones(len(s.boxes)), s.labels) for s in val]
     m = evaluate(nusc, "mini_val", submission(val, perfect, D.SIM_CLASSES), config, tmp_path / "gt")
-    assert m["mAP"] > 0.999 and m["NDS"] > 0.99
-    assert max(m["mATE"], m["mASE"], m["mAOE"], m["mAVE"]) < 1e-3
+    assert m["mAP"] > 0.999 and max(m["mATE"], m["mASE"], m["mAOE"], m["mAVE"]) < 1e-3
+    # the attribute comes from the speed rule, which never says "vehicle.stopped": the one error left
+    expected_nds = (5 * m["mAP"] + 4 + (1 - min(1, m["mAAE"]))) / 10
+    assert 0 < m["mAAE"] < 0.5 and m["NDS"] == pytest.approx(expected_nds, abs=1e-3)
     assert all(m[f"AP/{c}"] > 0.999 for c in ("car", "pedestrian"))
     shifted = [(b + np.array([0.75, 0, 0, 0, 0, 0, 0, 0, 0], np.float32), s, lab) for b, s, lab in perfect]
     m = evaluate(nusc, "mini_val", submission(val, shifted, D.SIM_CLASSES), config, tmp_path / "shifted")
@@ -75,6 +77,7 @@ def test_sample_boxes_match_the_devkits_global_boxes(sim, val):
     assert len(expected) == len(ours) > 5
     for e, o in zip(expected, ours):
         assert np.allclose(e.wlh, o.wlh, atol=1e-4)
+        assert np.allclose(nusc.box_velocity(e.token)[:2], o.velocity[:2], atol=1e-3)
         assert abs(math.remainder(e.orientation.yaw_pitch_roll[0] - o.orientation.yaw_pitch_roll[0], 2 * math.pi)) < 1e-4
 
 
@@ -96,12 +99,15 @@ def test_encode_then_decode_returns_the_boxes():
     order = [int(((decoded[:, :2] - b[:2]).norm(dim=1)).argmin()) for b in boxes]
     assert torch.allclose(decoded[order], boxes, atol=1e-4)
     assert (decoded_labels[order] == labels).all() and (scores > 0.99).all()
+    one = encode([torch.tensor([[10.2, -5.7, 0, 2, 4, 1.5, 0, 0, 0]])], [torch.tensor([1])], 3, grid)
+    assert one.heatmap[0, 1, 10, 26] == 1  # row from y: (-5.7 + 16) // 1 = 10; column from x: (10.2 + 16) // 1 = 26
 
 
 def test_pillar_encoder_puts_each_sweep_in_its_own_channels_and_ignores_point_order():
     torch.manual_seed(0)
     enc = PillarEncoder(extent=4.0, pillar=1.0, width=8, sweeps=2, point_width=4).eval()
-    cloud = torch.tensor([[0.5, -2.5, -1.0, 10, 0.0, 0], [0.6, -2.4, -0.5, 20, 0.0, 0], [3.5, 3.5, 0.0, 5, 0.15, 1]])
+    cloud = torch.tensor([[0.5, -2.5, -1.0, 10, 0.0, 0, 3], [0.6, -2.4, -0.5, 20, 0.0, 0, 5],
+                          [3.5, 3.5, 0.0, 5, 0.25, 1, 7], [4.5, 0.0, 0.0, 5, 0.0, 0, 7]])  # the last is off the grid
     with torch.no_grad():
         out = enc([cloud])
         assert torch.equal(out, enc([cloud.flip(0)]))
@@ -123,7 +129,7 @@ def test_augment_keeps_points_inside_their_boxes():
 
     gen = torch.Generator().manual_seed(1)
     boxes = torch.tensor([[5.0, 2.0, 0.0, 2.0, 4.5, 1.7, 0.4, 3.0, 1.0], [-6.0, -3.0, 0.5, 0.7, 0.7, 1.8, -2.0, 0.0, 1.2]])
-    points = torch.cat([torch.rand(500, 3, generator=gen) * 20 - 10, torch.zeros(500, 3)], 1)
+    points = torch.cat([torch.rand(500, 3, generator=gen) * 20 - 10, torch.zeros(500, 4)], 1)
     for _ in range(8):
         p2, b2 = augment(points, boxes, gen)
         assert inside(points, boxes).sum() > 0 and (inside(points, boxes) == inside(p2, b2)).all()
@@ -137,13 +143,25 @@ def relative_heading(boxes):
 
 
 def test_simulated_rays_stop_at_the_first_box():
-    scene = make_scene(np.random.default_rng(3), duration=1.0)
-    points, hit = sweep(scene, 0.0, np.random.default_rng(0))
-    assert set(np.unique(points[:, 4]).astype(int)) == set(range(len(ELEVATIONS_DEG)))
-    assert (ring_of(points) == points[:, 4]).mean() > 0.99  # the corruptions' ring estimate
-    ground = points[hit == -1]
-    assert np.abs(ground[:, 2] + 1.84).max() < 0.2  # ground returns lie on the plane 1.84 m below the sensor
+    def box(x, y, w, l, h):
+        return Actor(None, np.array([w, l, h]), np.array([x, y]), 0.0, np.zeros(2))
+
+    # the sensor sits at road (0.94, -1.75), 1.84 m up; a 3 m wall 10 m ahead hides a 2 m box 20 m ahead
+    near, far, aside = box(11, -1.75, 4, 1, 3), box(21, -1.75, 1, 1, 2), box(11, -15, 1, 1, 2)
+    points, hit = sweep(Scene([near, far, aside], ego_speed=0.0, duration=1.0), 0.0, np.random.default_rng(0))
+    assert (hit == 0).sum() > 50 and (hit == 1).sum() == 0 and (hit == 2).sum() > 10
+    # LiDAR frame: x to the right of the car, y forward; the wall's face is at y = 11 - 0.5 - 0.94
+    assert np.abs(points[hit == 0, 1] - 9.56).max() < 0.1
+    reaching = np.flatnonzero(1.84 / np.tan(np.radians(-ELEVATIONS_DEG)).clip(min=1e-9) < 70)  # ground within 70 m
+    assert set(np.unique(points[hit == -1, 4]).astype(int)) == set(reaching)
+    assert np.abs(points[hit == -1, 2] + 1.84).max() < 0.1  # ground returns on the plane 1.84 m below the sensor
     assert np.linalg.norm(points[:, :3], axis=1).max() < 70.5
+    scene = make_scene(np.random.default_rng(3), duration=20.0)  # moving traffic stays around the ego
+    for t in (0.0, 19.5):
+        ego = scene.ego_xy(t)
+        near_ego = [a for a in scene.actors if a.detection_name and np.linalg.norm(a.center(t)[:2] - ego) < 32
+                    and np.linalg.norm(a.velocity) > 1]
+        assert len(near_ego) >= 5
 
 
 @pytest.mark.parametrize("name", list(CORRUPTIONS))
@@ -151,13 +169,25 @@ def test_corruptions_are_deterministic_and_grow_with_severity(val, name):
     points = val[0].points
     out = [corrupt(points, name, s, seed=5) for s in SEVERITIES]
     assert np.array_equal(out[0], corrupt(points, name, 1, seed=5))
-    assert not np.array_equal(corrupt(points, name, 2, seed=5), corrupt(points, name, 2, seed=6)) or name == "range_noise"
-    assert all(o.shape[1] == 6 and o.dtype == np.float32 for o in out)
+    assert not np.array_equal(corrupt(points, name, 2, seed=5), corrupt(points, name, 2, seed=6))
+    assert all(o.shape[1] == 7 and o.dtype == np.float32 for o in out)
     change = [len(points) - len(o) if len(o) != len(points) else np.abs(o[:, :3] - points[:, :3]).mean() for o in out]
     assert all(c != 0 for c in change)
     assert abs(change[0]) < abs(change[1]) < abs(change[2])
     with pytest.raises(ValueError, match="valid"):
         corrupt(points, "snow", 1, seed=0)
+
+
+def test_corruptions_do_what_they_say(val):
+    points = val[0].points
+    kept = corrupt(points, "beam_missing", 2, seed=0)
+    rings = set(np.unique(kept[:, 6]).astype(int))
+    assert len(rings) == 16 and len(kept) == np.isin(points[:, 6], list(rings)).sum()  # whole rings, nothing else
+    extra = corrupt(points, "crosstalk", 3, seed=0)[len(points):]
+    assert len(extra) == round(0.1 * len(points)) and extra[:, 2].min() > -1.84 - 1e-4  # none below the ground
+    forward = np.array([0.0, 1.0])
+    shift = corrupt(points, "motion_blur", 3, seed=0, forward_xy=forward)[:, :2] - points[:, :2]
+    assert np.abs(shift[:, 0]).max() < 1e-5 and 0 <= shift[:, 1].min() and 1.4 < shift[:, 1].max() <= 1.5
 
 
 def test_the_real_layout_loader_reads_a_fixture_tree_and_explains_a_wrong_one(sim, tmp_path):
@@ -168,7 +198,12 @@ def test_the_real_layout_loader_reads_a_fixture_tree_and_explains_a_wrong_one(si
     with pytest.raises(FileNotFoundError, match="samples/LIDAR_TOP"):
         D.nuscenes_root(tmp_path, "v1.0-mini")
     shutil.copytree(root / "samples", tmp_path / "nuscenes" / "samples")
-    found = D.nuscenes_root(tmp_path, "v1.0-mini")
+    assert D.nuscenes_root(tmp_path, "v1.0-mini", sweeps=1) == tmp_path / "nuscenes"
+    shutil.rmtree(tmp_path / "nuscenes" / "sweeps")
+    with pytest.raises(FileNotFoundError, match="sweeps/LIDAR_TOP"):
+        D.nuscenes_root(tmp_path, "v1.0-mini", sweeps=SWEEPS)
+    shutil.copytree(root / "sweeps", tmp_path / "nuscenes" / "sweeps")
+    found = D.nuscenes_root(tmp_path, "v1.0-mini", sweeps=SWEEPS)
     classes = ("car", "truck", "construction_vehicle", "bus", "trailer", "barrier", "motorcycle", "bicycle",
                "pedestrian", "traffic_cone")
     samples = D.load_split(D.open_nuscenes(found, "v1.0-mini"), "mini_train", classes, SWEEPS, 32.0, progress=False)
@@ -190,7 +225,7 @@ def test_lazy_clouds_equal_loaded_ones_and_corrupted_sets_are_reproducible(sim, 
 
 def test_detector_output_shapes_and_variants():
     torch.manual_seed(0)
-    clouds = [torch.cat([torch.rand(300, 3) * 40 - 20, torch.rand(300, 1) * 255, torch.zeros(300, 2)], 1)] * 2
+    clouds = [torch.cat([torch.rand(300, 3) * 40 - 20, torch.rand(300, 1) * 255, torch.zeros(300, 3)], 1)] * 2
     outputs = {}
     for variant in ("softmax", "quest"):
         torch.manual_seed(0)

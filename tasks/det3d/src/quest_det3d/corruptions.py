@@ -1,14 +1,16 @@
 """LiDAR corruptions in the style of Robo3D (Kong et al. 2023), hand-written in numpy (Robo3D ships datasets,
 not a library): six families x three severities, deterministic given the seed, applied to a sample's accumulated
-cloud (N, 6) = x, y, z, intensity, time lag, sweep index in the LiDAR frame (the sensor at the origin).
+cloud (N, 7) = x, y, z, intensity, time lag, sweep index, ring in the key frame's LiDAR frame (the sensor at the
+origin). Range- and angle-based corruptions treat every point as seen from the key frame's sensor position; for
+the earlier sweeps (ego-motion compensated, measured up to ~5 m away) that is an approximation.
 
-- ``beam_missing``: 30 / 50 / 70 % of the 32 laser rings removed (ring estimated from the elevation angle, as the
-  HDL-32E's rings are evenly spaced from -30.67 to +10.67 degrees).
+- ``beam_missing``: 30 / 50 / 70 % of the 32 laser rings removed (the ring each point was measured by).
 - ``point_dropout``: 25 / 50 / 75 % of the returns lost at random.
 - ``range_noise``: Gaussian noise along each ray, sigma 0.05 / 0.1 / 0.2 m.
-- ``fog``: two-way attenuation exp(-2 beta r), beta = 0.005 / 0.01 / 0.02 per m: returns are lost with that
-  probability and dimmed; 30 % of the lost rays return back-scatter from 1-10 m instead.
-- ``crosstalk``: 2 / 5 / 10 % extra outlier points from another sensor: random rays, range 1-40 m, dim.
+- ``fog``: two-way transmittance exp(-2 beta r), beta = 0.005 / 0.01 / 0.02 per m: a return is kept with that
+  probability and dimmed by it; 30 % of the lost rays return back-scatter from 1-10 m instead.
+- ``crosstalk``: 2 / 5 / 10 % extra outlier points from another sensor: random rays, range 1-40 m (never below the
+  ground, taken 1.84 m under the sensor as on nuScenes' LIDAR_TOP), dim.
 - ``motion_blur``: the ego motion during one 0.05 s turn is left uncompensated (rolling shutter): a point measured
   a time dt before the end of the turn appears dt x speed farther ahead, at 10 / 20 / 30 m/s.
 """
@@ -26,12 +28,7 @@ CROSSTALK = (0.02, 0.05, 0.10)
 BLUR_SPEED = (10.0, 20.0, 30.0)
 ELEVATION_RANGE_DEG = (-30.67, 10.67)
 RINGS = 32
-
-
-def ring_of(points: np.ndarray) -> np.ndarray:
-    elevation = np.degrees(np.arctan2(points[:, 2], np.hypot(points[:, 0], points[:, 1])))
-    lo, hi = ELEVATION_RANGE_DEG
-    return np.clip(np.round((elevation - lo) / (hi - lo) * (RINGS - 1)), 0, RINGS - 1).astype(int)
+SENSOR_HEIGHT = 1.84  # m above the ground
 
 
 def _along_rays(points: np.ndarray, new_range: np.ndarray) -> np.ndarray:
@@ -43,7 +40,7 @@ def _along_rays(points: np.ndarray, new_range: np.ndarray) -> np.ndarray:
 
 def beam_missing(p, s, rng, forward_xy):
     dropped = rng.choice(RINGS, round(BEAM_MISSING[s - 1] * RINGS), replace=False)
-    return p[~np.isin(ring_of(p), dropped)]
+    return p[~np.isin(p[:, 6].astype(int), dropped)]
 
 
 def point_dropout(p, s, rng, forward_xy):
@@ -72,14 +69,15 @@ def crosstalk(p, s, rng, forward_xy):
     n = round(CROSSTALK[s - 1] * len(p))
     azimuth = rng.uniform(-np.pi, np.pi, n)
     elevation = np.radians(rng.uniform(*ELEVATION_RANGE_DEG, n))
-    r = rng.uniform(1, 40, n)
+    below = np.where(elevation < 0, SENSOR_HEIGHT / np.maximum(1e-6, np.sin(-elevation)), np.inf)  # to the ground
+    r = rng.uniform(0, 1, n) * (np.minimum(40, below) - 1) + 1
     extra = np.zeros((n, p.shape[1]), p.dtype)
     extra[:, 0] = r * np.cos(elevation) * np.cos(azimuth)
     extra[:, 1] = r * np.cos(elevation) * np.sin(azimuth)
     extra[:, 2] = r * np.sin(elevation)
     extra[:, 3] = rng.uniform(0, 30, n)
     if len(p):
-        extra[:, 4:] = p[rng.integers(0, len(p), n), 4:]  # the time lag and sweep of a random real point
+        extra[:, 4:] = p[rng.integers(0, len(p), n), 4:]  # the time lag, sweep and ring of a random real point
     return np.concatenate([p, extra])
 
 
@@ -97,7 +95,7 @@ CORRUPTIONS = {f.__name__: f for f in (beam_missing, point_dropout, range_noise,
 
 
 def corrupt(points: np.ndarray, name: str, severity: int, seed: int, forward_xy=(0.0, 1.0)) -> np.ndarray:
-    """``points`` (N, 6) with corruption ``name`` at ``severity`` (1-3); the same seed gives the same result."""
+    """``points`` (N, 7) with corruption ``name`` at ``severity`` (1-3); the same seed gives the same result."""
     if name not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {name!r}; valid: {', '.join(CORRUPTIONS)}")
     if severity not in SEVERITIES:

@@ -5,9 +5,10 @@ both read through the official devkit.
   ``mini_val``: 2) into ``~/.cache/quest-bench/det3d`` (``QUEST_BENCH_CACHE`` moves it), once per setting.
 - ``nuscenes_root`` finds a real nuScenes folder under the data root: ``<data-root>/nuscenes/<version>/`` or
   ``<data-root>/<version>/``, with ``samples/`` and ``sweeps/`` next to the version folder (the official layout).
-- ``load_split`` reads a split's samples (clouds in memory, or read on use for large sets) with the devkit: ``LidarPointCloud.from_file_multisweep`` accumulates the key
-  frame and its previous sweeps in the key frame's LiDAR frame (with each point's time lag and sweep index), and
-  ``NuScenes.get_sample_data`` gives the annotated boxes (with velocities) in that frame.
+- ``load_split`` reads a split's samples (clouds in memory, or read on use for large sets) through the devkit:
+  ``read_cloud`` accumulates the key frame and its previous sweeps in the key frame's LiDAR frame (as the devkit's
+  ``LidarPointCloud.from_file_multisweep``, but keeping each point's ring), and ``NuScenes.get_sample_data`` and
+  ``box_velocity`` give the annotated boxes, with velocities, in that frame.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Sample:
 
     @property
     def points(self) -> np.ndarray:
-        """(N, 6) float32: x, y, z, intensity, time lag (s) behind the key frame, sweep index (0 = key frame)."""
+        """(N, 7) float32: x, y, z, intensity, time lag (s) behind the key frame, sweep index (0 = key frame), ring."""
         return self.source() if callable(self.source) else self.source
 
 
@@ -54,20 +55,26 @@ def simulated_root(samples_per_scene: int, between: int = 1, seed: int = 0, cach
     from quest_det3d.nuscenes_writer import NuScenesWriter
     from quest_det3d.simulator import make_scene
 
+    if samples_per_scene < 2:
+        raise ValueError(f"a simulated scene needs at least 2 key frames (velocities), got {samples_per_scene}")
     root = (cache or CACHE) / "det3d" / f"sim-v{SIM_VERSION}-{samples_per_scene}x{between}-seed{seed}"
     if (root / "v1.0-mini" / "scene.json").exists():
         return root
     build = root.with_name(f"{root.name}.{os.getpid()}.tmp")
     shutil.rmtree(build, ignore_errors=True)
-    writer = NuScenesWriter(build, "v1.0-mini")
-    splits = create_splits_scenes()
-    names = [*splits["mini_train"], *splits["mini_val"]]
-    for i, name in enumerate(tqdm(names, desc="det3d: simulating scenes", leave=False)):
-        rng = np.random.default_rng([seed, i])
-        scene = make_scene(rng, duration=samples_per_scene * 0.5)
-        writer.add_scene(name, scene, samples_per_scene, between, origin_xy=rng.uniform(200, 1800, 2),
-                         heading=rng.uniform(-np.pi, np.pi), rng=rng, start_us=1_533_000_000_000_000 + i * 10**9)
-    writer.finish()
+    try:
+        writer = NuScenesWriter(build, "v1.0-mini")
+        splits = create_splits_scenes()
+        names = [*splits["mini_train"], *splits["mini_val"]]
+        for i, name in enumerate(tqdm(names, desc="det3d: simulating scenes", leave=False)):
+            rng = np.random.default_rng([seed, i])
+            scene = make_scene(rng, duration=samples_per_scene * 0.5)
+            writer.add_scene(name, scene, samples_per_scene, between, origin_xy=rng.uniform(200, 1800, 2),
+                             heading=rng.uniform(-np.pi, np.pi), rng=rng, start_us=1_533_000_000_000_000 + i * 10**9)
+        writer.finish()
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
     try:
         build.rename(root)  # atomic; fails if another run got there first (same content)
     except OSError:
@@ -75,12 +82,15 @@ def simulated_root(samples_per_scene: int, between: int = 1, seed: int = 0, cach
     return root
 
 
-def nuscenes_root(data_root: str | Path, version: str) -> Path:
-    """The real dataset's folder under ``data_root`` (holding ``<version>/`` and ``samples/``), or a clear error."""
+def nuscenes_root(data_root: str | Path, version: str, sweeps: int = 1) -> Path:
+    """The real dataset's folder under ``data_root`` (holding ``<version>/``, ``samples/`` and, to accumulate
+    ``sweeps`` > 1, ``sweeps/``), or a clear error."""
     for candidate in (Path(data_root) / "nuscenes", Path(data_root)):
         if (candidate / version / "sample.json").exists():
-            if not (candidate / "samples" / "LIDAR_TOP").is_dir():
-                raise FileNotFoundError(f"{candidate} has {version}/ but no samples/LIDAR_TOP/: extract the LiDAR blobs")
+            for folder in ("samples", "sweeps")[: 2 if sweeps > 1 else 1]:
+                if not (candidate / folder / "LIDAR_TOP").is_dir():
+                    raise FileNotFoundError(f"{candidate} has {version}/ but no {folder}/LIDAR_TOP/: extract the "
+                                            f"LiDAR blobs there (sweeps/ is needed to accumulate {sweeps} sweeps)")
             return candidate
     raise FileNotFoundError(
         f"no nuScenes {version} under {data_root}: expected {Path(data_root) / 'nuscenes' / version / 'sample.json'} "
@@ -112,14 +122,33 @@ def split_tokens(nusc, split: str) -> list[str]:
     return tokens
 
 
-def read_cloud(nusc, token: str, sweeps: int, point_range: float) -> np.ndarray:
-    """A sample's accumulated cloud (N, 6), cropped to |x|, |y| < ``point_range``."""
-    from nuscenes.utils.data_classes import LidarPointCloud
+def read_cloud(nusc, token: str, sweeps: int, point_range: float, min_distance: float = 1.0) -> np.ndarray:
+    """A sample's key frame and up to ``sweeps - 1`` earlier sweeps in the key frame's LiDAR frame, cropped to
+    |x|, |y| < ``point_range``: (N, 7) float32 x, y, z, intensity, time lag (s), sweep index (0 = key frame), ring.
 
-    record = nusc.get("sample", token)
-    cloud, lag = LidarPointCloud.from_file_multisweep(nusc, record, "LIDAR_TOP", "LIDAR_TOP", nsweeps=sweeps)
-    sweep = np.unique(lag[0], return_inverse=True)[1]  # 0 = the key frame, 1 = the sweep before, ...
-    points = np.vstack([cloud.points, lag, sweep[None]]).T.astype(np.float32)
+    The devkit's ``LidarPointCloud.from_file_multisweep`` does the same (same transform chain, same removal of the
+    points within ``min_distance`` of the sensor) but drops the laser ring, which the beam corruption needs."""
+    from nuscenes.utils.geometry_utils import transform_matrix
+
+    def pose(record, inverse):
+        return transform_matrix(record["translation"], Quaternion(record["rotation"]), inverse=inverse)
+
+    key = nusc.get("sample_data", nusc.get("sample", token)["data"]["LIDAR_TOP"])
+    key_from_global = (pose(nusc.get("calibrated_sensor", key["calibrated_sensor_token"]), True)
+                       @ pose(nusc.get("ego_pose", key["ego_pose_token"]), True))
+    parts, record = [], key
+    for index in range(sweeps):
+        raw = np.fromfile(nusc.get_sample_data_path(record["token"]), np.float32).reshape(-1, 5)
+        raw = raw[~((np.abs(raw[:, 0]) < min_distance) & (np.abs(raw[:, 1]) < min_distance))]
+        to_key = (key_from_global @ pose(nusc.get("ego_pose", record["ego_pose_token"]), False)
+                  @ pose(nusc.get("calibrated_sensor", record["calibrated_sensor_token"]), False))
+        xyz = raw[:, :3] @ to_key[:3, :3].T + to_key[:3, 3]
+        lag = 1e-6 * (key["timestamp"] - record["timestamp"])
+        parts.append(np.column_stack([xyz, raw[:, 3], np.full(len(raw), lag), np.full(len(raw), index), raw[:, 4]]))
+        if not record["prev"]:
+            break
+        record = nusc.get("sample_data", record["prev"])
+    points = np.concatenate(parts).astype(np.float32)
     return points[(np.abs(points[:, 0]) < point_range) & (np.abs(points[:, 1]) < point_range)]
 
 

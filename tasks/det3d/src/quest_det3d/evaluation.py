@@ -14,12 +14,14 @@ import numpy as np
 
 META = {"use_camera": False, "use_lidar": True, "use_radar": False, "use_map": False, "use_external": False}
 TP_NAMES = {"trans_err": "mATE", "scale_err": "mASE", "orient_err": "mAOE", "vel_err": "mAVE", "attr_err": "mAAE"}
-MOVING_SPEED = 0.2  # m/s: above it a box gets the "moving" attribute (CenterPoint's default attribute rule)
+MOVING_SPEED = 0.2  # m/s: above it a box gets the "moving" attribute (CenterPoint's default attribute rule, which
+# never predicts vehicle.stopped: stopped traffic in the simulator, as in nuScenes, costs attribute error)
 
 
 def detection_config(classes: tuple[str, ...], max_range: float):
-    """The official ``detection_cvpr_2019`` config with each class's evaluation range capped at ``max_range`` (the
-    detector's BEV extent; the official ranges are 30-50 m, so the paper preset's 51.2 m changes nothing) and
+    """The official ``detection_cvpr_2019`` config with each class's evaluation range capped at ``max_range`` (what
+    the detector's BEV grid covers around the ego; the official ranges are 30-50 m, so the paper preset's 51.2 m
+    grid changes nothing) and
     scored over ``classes`` only: ``DetectionConfig`` insists on ranges for all ten nuScenes classes, so the
     subset is set on ``class_names``, the list ``DetectionEval`` and ``DetectionMetrics`` iterate (with all ten,
     classes absent from the simulator would count as AP 0 and TP error 1)."""

@@ -14,7 +14,7 @@ COLOURS = plt.get_cmap("tab10").colors
 
 
 def footprint(box: np.ndarray) -> np.ndarray:
-    """The 5 corner points (closed) of a box row's footprint, plus its heading tick."""
+    """The 5 corner points (closed polygon, the first two being the front corners) of a box row's footprint."""
     x, y, _, w, l, _, yaw = box[:7]
     c, s = np.cos(yaw), np.sin(yaw)
     corners = np.array([[l, w], [l, -w], [-l, -w], [-l, w], [l, w]]) / 2

@@ -19,7 +19,7 @@ from quest_core import SelfAttention
 from quest_det3d.boxes import CODE_SIZE, Grid
 
 warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")  # stable in practice since torch 2.0
-POINT_FEATURES = 9  # x, y, z, intensity, time lag, offset x/y/z from the pillar centre and the pillar's mean z
+POINT_FEATURES = 9  # x, y, z, intensity, time lag, offset x/y from the pillar centre, z - the pillar's mean z, mean z
 
 
 def conv_bn(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
@@ -27,7 +27,8 @@ def conv_bn(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
 
 
 class PillarEncoder(nn.Module):
-    """Points (a list of (N_b, 6) clouds) -> pillar features (B, width, P, P) on a grid of ``pillar`` metres.
+    """Points (a list of (N_b, >= 6) clouds: x, y, z, intensity, time lag, sweep index, ...) -> pillar features
+    (B, width, P, P) on a grid of ``pillar`` metres; points outside the grid are ignored.
 
     Each sweep is pooled into its own pillar features and the sweeps are stacked as channels (the early fusion of
     Fast and Furious, Luo et al. 2018), so that motion (the shift between sweeps) is visible to the first layer.
@@ -42,10 +43,12 @@ class PillarEncoder(nn.Module):
 
     def forward(self, clouds: list[torch.Tensor]) -> torch.Tensor:
         g, p = self.grid, self.grid.size
-        pts = torch.cat(clouds)  # (N, 5)
+        pts = torch.cat(clouds)  # (N, 7)
         batch = torch.cat([torch.full((len(c),), b, device=pts.device) for b, c in enumerate(clouds)])
-        col = ((pts[:, 0] + g.extent) / g.cell).floor().long().clamp(0, p - 1)
-        row = ((pts[:, 1] + g.extent) / g.cell).floor().long().clamp(0, p - 1)
+        col = ((pts[:, 0] + g.extent) / g.cell).floor().long()
+        row = ((pts[:, 1] + g.extent) / g.cell).floor().long()
+        inside = (col >= 0) & (col < p) & (row >= 0) & (row < p)
+        pts, batch, col, row = pts[inside], batch[inside], col[inside], row[inside]
         sweep = pts[:, 5].long().clamp(0, self.sweeps - 1)
         pillar = ((batch * self.sweeps + sweep) * p + row) * p + col  # (N,)
         count = torch.zeros(len(clouds) * self.sweeps * p * p, device=pts.device).index_add_(0, pillar, torch.ones_like(pts[:, 2]))
@@ -121,8 +124,9 @@ class Detector(nn.Module):
         super().__init__()
         self.pillars = PillarEncoder(extent, pillar, pillar_width, sweeps)
         p = self.pillars.grid.size
-        if p % 8:
-            raise ValueError(f"the pillar grid ({p} cells = 2 * extent / pillar) must be divisible by 8")
+        if abs(p * pillar - 2 * extent) > 1e-6 or p % 8:
+            raise ValueError(f"2 * extent / pillar = {2 * extent / pillar:g} pillars: it must be a whole number "
+                             f"divisible by 8 (e.g. extent 32, pillar 0.5)")
         self.grid = Grid(extent, 2 * pillar)
         self.down2 = nn.Sequential(conv_bn(pillar_width, width, 2), conv_bn(width, width))
         self.down4 = nn.Sequential(conv_bn(width, 2 * width, 2), conv_bn(2 * width, 2 * width))

@@ -106,7 +106,8 @@ class NuScenesWriter:
                                 "prev": sample_tokens[k - 1] if k else "",
                                 "next": sample_tokens[k + 1] if k + 1 < num_samples else "",
                                 "scene_token": scene_token})
-            counts = np.bincount(hit[hit >= 0], minlength=len(scene.actors))  # key-frame points per actor
+            # points per actor in the key frame: the loop above ends with j == 0, the key frame's sweep
+            counts = np.bincount(hit[hit >= 0], minlength=len(scene.actors))
             ego = scene.ego_xy(key_time)
             for index, actor in enumerate(scene.actors):
                 center = actor.center(key_time)

@@ -83,10 +83,17 @@ class Scene:
 
 
 def make_scene(rng: np.random.Generator, duration: float) -> Scene:
-    """A street: a 4-lane road (|y| < 7), parking lanes, sidewalks (9 < |y| < 13) and buildings (|y| > 14)."""
+    """A street: a 4-lane road (|y| < 7), parking lanes, sidewalks (9 < |y| < 13) and buildings (|y| > 14).
+
+    Static things cover the ego's path +-60 m; a stream moving at ``v`` m/s along x is placed over the stretch that
+    keeps it around the ego for the whole scene (faster than the ego: starting further behind; slower or oncoming:
+    further ahead)."""
     ego_speed = 0.0 if rng.random() < 0.2 else rng.uniform(3, 10)
     x0, x1 = -60.0, ego_speed * duration + 60.0
     actors: list[Actor] = []
+
+    def span(v: float) -> tuple[float, float]:
+        return x0 - max(0.0, v - ego_speed) * duration, x1 + max(0.0, ego_speed - v) * duration
 
     def add(name, xy, yaw, velocity=(0.0, 0.0), attribute=""):
         base = np.array(CLASSES[name][1])
@@ -97,8 +104,9 @@ def make_scene(rng: np.random.Generator, duration: float) -> Scene:
     for lane_y, direction in ((-5.25, 1), (-1.75, 1), (1.75, -1), (5.25, -1)):  # traffic lanes
         ego_lane = lane_y == -1.75
         speed = ego_speed if ego_lane else (0.0 if rng.random() < 0.15 else rng.uniform(3, 12))
-        x = x0 + rng.uniform(0, 15)
-        while x < x1:
+        lo, hi = span(direction * speed)
+        x = lo + rng.uniform(0, 15)
+        while x < hi:
             name = "truck" if rng.random() < 0.15 else "car"
             if not (ego_lane and abs(x) < 10):
                 v = 0.0 if speed == 0 else speed + rng.uniform(-0.2, 0.2)
@@ -120,18 +128,21 @@ def make_scene(rng: np.random.Generator, duration: float) -> Scene:
                 add("car", (x, side * 7.9), rng.choice([0.0, np.pi]) + rng.normal(0, 0.03), attribute="vehicle.parked")
             x += rng.uniform(5.5, 9)
         for _ in range(rng.poisson((x1 - x0) / 10)):  # pedestrians on the sidewalk
-            xy = (rng.uniform(x0, x1), side * rng.uniform(9.5, 12.5))
+            y = side * rng.uniform(10.6, 12.2)
             if rng.random() < 0.7:
                 v = rng.choice([-1, 1]) * rng.uniform(0.8, 1.6)
-                add("pedestrian", xy, 0.0 if v > 0 else np.pi, (v, 0.0), "pedestrian.moving")
+                lo, hi = span(v)
+                add("pedestrian", (lo + (hi - lo) * rng.random(), y), 0.0 if v > 0 else np.pi, (v, 0.0),
+                    "pedestrian.moving")
             else:
-                add("pedestrian", xy, rng.uniform(-np.pi, np.pi), attribute="pedestrian.standing")
-        for _ in range(rng.poisson((x1 - x0) / 60)):  # cyclists at the lane edge, parked bicycles on the sidewalk
-            v = rng.uniform(3, 6)
-            add("bicycle", (rng.uniform(x0, x1), side * 6.7), 0.0 if side < 0 else np.pi, (-side * v, 0.0),
-                "cycle.with_rider")
-        for _ in range(rng.poisson((x1 - x0) / 60)):
-            add("bicycle", (rng.uniform(x0, x1), side * 9.6), np.pi / 2, attribute="cycle.without_rider")
+                add("pedestrian", (rng.uniform(x0, x1), y), rng.uniform(-np.pi, np.pi), attribute="pedestrian.standing")
+        v = -side * rng.uniform(3, 6)  # cyclists at the lane edge, with the traffic on their side
+        lo, hi = span(v)
+        for _ in range(rng.poisson((hi - lo) / 60)):
+            add("bicycle", (rng.uniform(lo, hi), side * 6.7), 0.0 if v > 0 else np.pi,
+                (v + rng.uniform(-0.3, 0.3), 0.0), "cycle.with_rider")
+        for _ in range(rng.poisson((x1 - x0) / 60)):  # parked along the sidewalk
+            add("bicycle", (rng.uniform(x0, x1), side * 9.9), rng.choice([0.0, np.pi]), attribute="cycle.without_rider")
         clutter(actors, rng, side, x0, x1)
     return Scene(actors, ego_speed, duration)
 
@@ -146,7 +157,7 @@ def clutter(actors: list[Actor], rng: np.random.Generator, side: int, x0: float,
             actors.append(Actor(None, np.array([depth, length, height]), np.array([x + length / 2, side * (14 + depth / 2)]),
                                 0.0, np.zeros(2), reflectivity=rng.uniform(0.2, 0.7)))
         x += length + rng.uniform(0, 6)
-    for size, spacing, y in (((0.25, 0.25, 6.0), 18, 9.2), ((0.5, 0.5, 3.0), 14, 9.1), ((0.6, 0.6, 1.1), 25, 12.7)):
+    for size, spacing, y in (((0.25, 0.25, 6.0), 18, 9.0), ((0.5, 0.5, 3.0), 14, 9.0), ((0.6, 0.6, 1.1), 25, 12.9)):
         x = x0 + rng.uniform(0, spacing)
         while x < x1:
             actors.append(Actor(None, np.array(size), np.array([x, side * y]), rng.uniform(0, np.pi), np.zeros(2),

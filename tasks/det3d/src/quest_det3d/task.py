@@ -90,9 +90,13 @@ class Det3dTask(Task):
     def run(self, cfg: Det3dConfig, ctx) -> TaskOutput:
         if cfg.dataset not in DATASETS:
             raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: {', '.join(DATASETS)}")
-        severities = [int(s) for s in cfg.severities.split(",") if s.strip()]
+        try:
+            severities = [int(s) for s in cfg.severities.split(",") if s.strip()]
+        except ValueError:
+            severities = [-1]
         if not set(severities) <= set(SEVERITIES):
-            raise ValueError(f"severities must be among {SEVERITIES}, got {cfg.severities!r}")
+            raise ValueError(f"severities must be a comma-separated list of {SEVERITIES} (or empty), "
+                             f"got {cfg.severities!r}")
         torch.manual_seed(ctx.seed)
         device = torch.device(ctx.device)
         version, classes = DATASETS[cfg.dataset]
@@ -101,17 +105,19 @@ class Det3dTask(Task):
         elif not ctx.data_root:
             raise ValueError(f"dataset {cfg.dataset!r} reads the real nuScenes: pass --data-root")
         else:
-            root = D.nuscenes_root(ctx.data_root, version)
+            root = D.nuscenes_root(ctx.data_root, version, cfg.sweeps)
         nusc = D.open_nuscenes(root, version)
         train_split, val_split = D.SPLITS[version]
-        train_set = D.load_split(nusc, train_split, classes, cfg.sweeps, cfg.extent, cfg.in_memory, ctx.progress)
+        reach = cfg.extent * (1.45 if cfg.augment else 1.0)  # rotation and scaling bring points from outside the grid in
+        train_set = D.load_split(nusc, train_split, classes, cfg.sweeps, reach, cfg.in_memory, ctx.progress)
         val_set = D.load_split(nusc, val_split, classes, cfg.sweeps, cfg.extent, cfg.in_memory, ctx.progress)
 
         model = Detector(len(classes), ctx.variant, cfg.sweeps, cfg.extent, cfg.pillar, cfg.pillar_width, cfg.width, cfg.dim,
                          cfg.depth, cfg.num_heads).to(device)
         steps = train(model, cfg, train_set, len(classes), ctx, device)
 
-        eval_cfg = detection_config(classes, cfg.extent)
+        # The devkit measures range from the ego origin, the grid is centred on the LiDAR (0.94 m ahead on nuScenes).
+        eval_cfg = detection_config(classes, cfg.extent - math.hypot(*val_set[0].lidar_to_ego["translation"][:2]))
         detections = predict(model, val_set, cfg, device)
         metrics = evaluate(nusc, val_split, submission(val_set, detections, classes), eval_cfg,
                            ctx.out_dir / "nuscenes_eval")
@@ -154,14 +160,17 @@ def corrupted_cloud(sample: D.Sample, name: str, severity: int, seed: int) -> np
     return corrupt(sample.points, name, severity, seed, forward)
 
 
+def as_tensors(samples: list[D.Sample]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The DataLoader's collate function: each sample's (points, boxes, labels), read in the worker."""
+    return [(torch.from_numpy(s.points), torch.from_numpy(s.boxes), torch.from_numpy(s.labels)) for s in samples]
+
+
 def batches(samples: list[D.Sample], cfg: "Det3dConfig", gen: torch.Generator | None):
     """Batches (lists) of (points, boxes, labels) tensors, shuffled with ``gen`` (None: in order, all samples);
     ``cfg.workers`` processes read the clouds."""
     sampler = torch.utils.data.RandomSampler(samples, generator=gen) if gen is not None else None
-    return torch.utils.data.DataLoader(
-        samples, batch_size=cfg.batch_size, sampler=sampler, drop_last=gen is not None, num_workers=cfg.workers,
-        collate_fn=lambda items: [(torch.from_numpy(s.points), torch.from_numpy(s.boxes), torch.from_numpy(s.labels))
-                                  for s in items])
+    return torch.utils.data.DataLoader(samples, batch_size=cfg.batch_size, sampler=sampler, drop_last=gen is not None,
+                                       num_workers=cfg.workers, collate_fn=as_tensors)
 
 
 def augment(points: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +198,8 @@ def augment(points: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> 
 
 def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classes: int, ctx, device) -> int:
     """AdamW with warm-up + cosine, CenterPoint losses (focal heatmap + 0.25 x weighted L1 code); returns the steps."""
-    gen = torch.Generator().manual_seed(ctx.seed)
+    gen = torch.Generator().manual_seed(ctx.seed)  # the sample order
+    augment_gen = torch.Generator().manual_seed(ctx.seed + 1)  # apart, so the DataLoader's prefetching cannot shift it
     per_epoch = len(samples) // cfg.batch_size
     if per_epoch == 0:
         raise ValueError(f"{len(samples)} training samples is fewer than one batch of {cfg.batch_size}")
@@ -204,7 +214,7 @@ def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classe
         for _ in range(cfg.epochs):
             for batch in batches(samples, cfg, gen):
                 if cfg.augment:
-                    batch = [(*augment(points, boxes, gen), labels) for points, boxes, labels in batch]
+                    batch = [(*augment(points, boxes, augment_gen), labels) for points, boxes, labels in batch]
                 targets = encode([b for _, b, _ in batch], [lab for _, _, lab in batch], num_classes,
                                  model.grid).to(device)
                 logging = step % cfg.log_every == 0 or step == steps - 1
