@@ -113,8 +113,10 @@ def make_scene(rng: np.random.Generator, duration: float) -> Scene:
                 attribute = "vehicle.moving" if v > 0 else "vehicle.stopped"
                 add(name, (x, lane_y), 0.0 if direction > 0 else np.pi, (direction * v, 0.0), attribute)
             x += rng.uniform(12, 30)
+    zone_sides = (rng.choice([-1, 1]),) if rng.random() < 0.5 else (-1, 1)  # every scene has construction
     for side in (-1, 1):
-        zone = rng.uniform(x0, x1) if rng.random() < 0.6 else None  # a construction zone in the parking lane
+        # a construction zone in the parking lane, somewhere along the ego's path
+        zone = rng.uniform(x0 + 30, x1 - 55) if side in zone_sides else None
         x = x0 + rng.uniform(0, 5)
         while x < x1:
             if zone is not None and zone <= x < zone + 25:
