@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import nn
 
 from quest_core import summarize
@@ -36,6 +37,12 @@ def warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.01) -> fl
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def adamw_warmup_cosine(model: nn.Module, lr: float, weight_decay: float, steps: int, warmup: int):
+    """AdamW over ``decay_groups`` with a per-step ``warmup_cosine`` schedule: (optimizer, scheduler)."""
+    optimizer = torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, steps, warmup))
 
 
 def report_step(ctx, bar, step: int, loss: float, per_layer: dict, lr: float, extra: dict | None = None) -> None:

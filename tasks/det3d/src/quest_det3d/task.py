@@ -17,7 +17,7 @@ import torch
 
 from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import decay_groups, report_step, warmup_cosine
+from quest_bench.training import adamw_warmup_cosine, report_step
 from quest_core import Telemetry
 from quest_det3d import data as D
 from quest_det3d.boxes import decode, encode, focal_loss, regression_loss
@@ -204,9 +204,8 @@ def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classe
     if per_epoch == 0:
         raise ValueError(f"{len(samples)} training samples is fewer than one batch of {cfg.batch_size}")
     steps = cfg.epochs * per_epoch
-    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr)
-    warmup = int(cfg.warmup_epochs * per_epoch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, steps, warmup))
+    optimizer, scheduler = adamw_warmup_cosine(model, cfg.lr, cfg.weight_decay, steps,
+                                               int(cfg.warmup_epochs * per_epoch))
     telemetry = Telemetry(model, max_queries=64)
     step = 0
     model.train()

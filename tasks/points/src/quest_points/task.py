@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from quest_bench.robustness import corruption_summary
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import decay_groups, report_step, warmup_cosine
+from quest_bench.training import adamw_warmup_cosine, report_step
 from quest_core import Telemetry
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_points.data import load
@@ -130,9 +130,8 @@ def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tenso
     if per_epoch == 0:
         raise ValueError(f"{len(x)} training clouds is fewer than one batch of {cfg.batch_size}")
     steps = cfg.epochs * per_epoch
-    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr)
-    warmup = int(cfg.warmup_epochs * per_epoch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, steps, warmup))
+    optimizer, scheduler = adamw_warmup_cosine(model, cfg.lr, cfg.weight_decay, steps,
+                                               int(cfg.warmup_epochs * per_epoch))
     telemetry = Telemetry(model, max_queries=64)
     step = 0
     model.train()
