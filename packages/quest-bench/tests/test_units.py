@@ -78,7 +78,7 @@ def test_store_roundtrip_rebuild_and_corrupt_folders(tmp_path, capsys):
     specs = [RunSpec("spurious", v, "tiny", 0, {}, "x") for v in ("quest", "softmax", "qnorm")]
     for spec, status in zip(specs, ("ok", "diverged", "failed")):
         store.write(spec, make_result(spec.run_id, spec.variant, status))
-    assert store.sync() == {specs[0].run_id, specs[1].run_id}  # failed runs are run again
+    assert store.finished_ids() == {specs[0].run_id, specs[1].run_id}  # failed runs are run again
     corrupt = store.runs_dir / "deadbeefdeadbeef"
     corrupt.mkdir()
     (corrupt / "result.json").write_text("{not json")
@@ -91,15 +91,16 @@ def test_store_roundtrip_rebuild_and_corrupt_folders(tmp_path, capsys):
     assert loaded["run_id"] == specs[0].run_id
 
 
-def test_sync_indexes_a_result_whose_database_row_was_never_written(tmp_path):
-    """A driver killed between os.replace(result.json) and the INSERT: the folder wins on the next sweep."""
+def test_load_indexes_a_result_whose_database_row_was_never_written(tmp_path):
+    """A driver killed between os.replace(result.json) and the INSERT: the folder wins on the next read."""
     store = Store(tmp_path / "suite")
     first, second = (RunSpec("spurious", v, "tiny", 0, {}, "x") for v in ("quest", "softmax"))
     store.write(first, make_result(first.run_id, "quest"))
     folder = store.run_dir(second.run_id)
     folder.mkdir(parents=True)
     (folder / "result.json").write_text(make_result(second.run_id, "softmax").to_json())
-    assert store.sync() == {first.run_id, second.run_id}
+    assert store.finished_ids() == {first.run_id, second.run_id}
+    assert {r.run_id for r in store.load()} == {first.run_id, second.run_id}
     with sqlite3.connect(store.db_path) as con:
         rows = sorted(r[0] for r in con.execute("SELECT run_id FROM runs"))
     assert rows == sorted([first.run_id, second.run_id])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -48,29 +49,94 @@ def cmd_tasks(args) -> int:
 
 def cmd_run(args) -> int:
     from quest_bench.runner import execute, resolve
+    from quest_bench.store import is_finished, unusable_reason
 
     spec = resolve(RunSpec(args.task, args.attention, args.preset, args.seed, parse_sets(args.set)))
+    check_device(args.device)
     out = Path(args.out) if args.out else Path("results") / "adhoc" / f"{spec.task}-{spec.variant}-{spec.run_id}"
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"running {spec.label()} -> {out}", file=sys.stderr)
+    previous = prepare_run_folder(out, spec, args.force)
+    if previous is not None and is_finished(previous):
+        print(f"{out} already holds this finished run; nothing to do (--force runs it again)", file=sys.stderr)
+        print_result(previous, out)
+        return 0
+    print(f"{'resuming' if previous else 'running'} {spec.label()} -> {out}", file=sys.stderr)
     (out / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True))
     result = execute(spec, out, device=args.device, data_root=args.data_root, progress=not args.quiet)
-    (out / "result.json").write_text(result.to_json())
+    tmp = out / "result.json.tmp"
+    tmp.write_text(result.to_json())
+    tmp.replace(out / "result.json")
+    print_result(result, out)
+    if result.status == "ok" and unusable_reason(result):
+        return 1
+    return 0 if result.status != "failed" else 1
+
+
+def check_device(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available here (torch.cuda.is_available() is False); "
+                             "use --device cpu")
+
+
+def prepare_run_folder(out: Path, spec: RunSpec, force: bool):
+    """Make ``out`` ready for ``spec``: a new or empty folder, or the folder of this same spec (returns its earlier
+    result, if any, so a finished run is not repeated); with ``force``, an earlier run folder is emptied. Anything
+    else is refused before a file is written."""
+    from quest_bench.result import RunResult
+
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder")
+    entries = list(out.iterdir()) if out.is_dir() else []
+    if not entries:
+        out.mkdir(parents=True, exist_ok=True)
+        return None
+    spec_file = out / "spec.json"
+    try:
+        same = json.loads(spec_file.read_text()).get("run_id") == spec.run_id
+    except (OSError, ValueError, AttributeError):
+        same = None  # no readable spec.json: not a run folder
+    if same and not force:
+        try:
+            return RunResult.from_dict(json.loads((out / "result.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return RunResult(run_id=spec.run_id, task=spec.task, task_version="", variant=spec.variant,
+                             preset=spec.preset, seed=spec.seed, overrides={}, status="failed")  # unfinished
+    if same is None:
+        raise ValueError(f"--out {out} is not empty and holds no run (no readable spec.json); choose a new or "
+                         "empty folder")
+    if not force:
+        raise ValueError(f"--out {out} holds a different run ({spec_file}); choose another folder, or pass --force "
+                         "to replace it")
+    for entry in entries:
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    return None
+
+
+def print_result(result, out: Path) -> None:
     print(f"status: {result.status}" + (f" ({result.reason})" if result.reason else ""))
     for name, value in sorted(result.metrics.items()):
         marker = "*" if name == result.primary_metric else " "
         print(f" {marker} {name:32s} {value:.4f}")
-    print(f"   wall {result.cost['wall_s']:.1f}s   result: {out / 'result.json'}")
-    return 0 if result.status != "failed" else 1
+    print(f"   wall {result.cost.get('wall_s', float('nan')):.1f}s   result: {out / 'result.json'}")
+
+
+def check_results_folder(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--results {path} is a file; give a folder")
 
 
 def cmd_sweep(args) -> int:
     from quest_bench.suite import load_suite
-    from quest_bench.sweep import run_sweep
+    from quest_bench.sweep import check_sweep_args, run_sweep
 
+    check_sweep_args(args.max_retries, args.run_timeout)
+    check_results_folder(Path(args.results))
     suite = load_suite(args.suite)
     counts = run_sweep(suite, Path(args.results), address=args.address, data_root=args.data_root,
-                       max_retries=args.max_retries, progress=not args.quiet)
+                       max_retries=args.max_retries, run_timeout=args.run_timeout, wait=args.wait,
+                       wait_for_resources=args.wait_for_resources, progress=not args.quiet)
     print(f"suite {suite.name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0 if counts["failed"] == 0 else 1
 
@@ -80,15 +146,19 @@ def cmd_leaderboard(args) -> int:
     from quest_bench.store import Store
     from quest_bench.suite import load_suite, suite_name
 
+    check_results_folder(Path(args.results))
     name = suite_name(args.suite)
     store = Store(Path(args.results) / name)
-    if not store.runs_dir.exists():
+    if not store.runs_dir.is_dir():
         raise ValueError(f"no results for suite {name!r} under {args.results}; run `quest-bench sweep --suite {name}` first")
     try:  # only the runs of the suite as defined now (same specs, same code versions)
         run_ids = {spec.run_id for spec in load_suite(args.suite).specs}
     except ValueError:  # no suite file (e.g. results copied from a cluster): every run in the folder
         run_ids = None
-    out = write_leaderboard(store, name, run_ids)
+    out = Path(args.out) if args.out else store.root / "leaderboard"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder")
+    out = write_leaderboard(store, name, run_ids, out)
     print((out / "README.md").read_text())
     print(f"leaderboard: {out / 'README.md'}\n             {out / 'index.html'}")
     return 0
@@ -108,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a task config key")
     run.add_argument("--data-root", help="folder with real datasets (defaults use shipped or generated data)")
     run.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    run.add_argument("--out", help="run folder (default: results/adhoc/<task>-<variant>-<run_id>)")
+    run.add_argument("--out", help="run folder (default: results/adhoc/<task>-<variant>-<run_id>); must be new, "
+                     "empty, or hold the same spec (a finished run is not repeated, an unfinished one runs again)")
+    run.add_argument("--force", action="store_true", help="replace an earlier run in --out (a folder with a "
+                     "spec.json), or run a finished one again")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(fn=cmd_run)
 
@@ -118,24 +191,45 @@ def build_parser() -> argparse.ArgumentParser:
                        "else a local Ray instance sized to this machine)")
     sweep.add_argument("--results", default="results", help="results folder (default: ./results)")
     sweep.add_argument("--data-root", help="folder with real datasets, as seen from the workers")
-    sweep.add_argument("--max-retries", type=int, default=2, help="retries of a run whose worker died")
+    sweep.add_argument("--max-retries", type=int, default=2,
+                       help="retries of a run whose worker died or was killed for memory (default 2)")
+    sweep.add_argument("--run-timeout", type=float, metavar="SECONDS",
+                       help="cancel a run after this long and record it failed: timeout (default per preset: "
+                       "tiny 1 h, small 12 h, paper 7 days)")
+    sweep.add_argument("--wait", action="store_true",
+                       help="if another sweep driver is using the results folder, wait for it instead of refusing")
+    sweep.add_argument("--wait-for-resources", action="store_true",
+                       help="submit runs that no node can host yet (autoscaling clusters) instead of refusing them")
     sweep.add_argument("--quiet", action="store_true")
     sweep.set_defaults(fn=cmd_sweep)
 
     board = sub.add_parser("leaderboard", help="aggregate a suite's results into Markdown + HTML")
     board.add_argument("--suite", required=True)
     board.add_argument("--results", default="results")
+    board.add_argument("--out", help="output folder (default: <results>/<suite>/leaderboard)")
     board.set_defaults(fn=cmd_leaderboard)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every user error ends in one line on stderr and exit status 2; Ctrl-C in one line and 130 (the shell's)."""
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except ValueError as err:
-        print(f"quest-bench: error: {err}", file=sys.stderr)
-        return 2
+        return fail(str(err))
+    except OSError as err:  # disk full, permission denied, a path that is not a folder, ...
+        where = f": {err.filename}" if err.filename else ""
+        return fail(f"{err.strerror or err}{where}")
+    except KeyboardInterrupt:
+        print("quest-bench: interrupted; finished runs are saved, run the same command again to resume",
+              file=sys.stderr)
+        return 130
+
+
+def fail(message: str) -> int:
+    print(f"quest-bench: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

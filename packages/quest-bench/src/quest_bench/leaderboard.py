@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,7 +32,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from quest_bench.result import RunResult  # noqa: E402
 from quest_bench.robustness import CORRUPTION_ERROR  # noqa: E402
 from quest_bench.stats import bootstrap_ci, mean_std, mean_win_rate, paired_difference  # noqa: E402
-from quest_bench.store import Store  # noqa: E402
+from quest_bench.spec import slug  # noqa: E402
+from quest_bench.store import Store, is_finished, unusable_reason  # noqa: E402
 
 BASELINE = "softmax"
 LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")  # Markdown links, for the HTML page
@@ -72,7 +74,8 @@ class TaskBoard:
         return f"{self.task} ({self.preset})"
 
     def ok(self, variant: str) -> list[RunResult]:
-        return [r for r in self.by_variant[variant] if r.status == "ok" and self.primary in r.metrics]
+        """Finished runs with a finite primary metric (the ones the numbers are computed from)."""
+        return [r for r in self.by_variant[variant] if r.status == "ok" and is_finished(r)]
 
     def values(self, variant: str, metric: str) -> dict[str, float]:
         return {pair_key(r): r.metrics[metric] for r in self.ok(variant) if metric in r.metrics}
@@ -330,6 +333,15 @@ def margin_table(b: TaskBoard) -> list[str]:
     return lines + [""]
 
 
+def safe_link(match: re.Match) -> str:
+    """An HTML link for a Markdown link whose target is a relative path; any other target (a scheme such as
+    javascript: or http:, an absolute path) is shown as plain text."""
+    text, target = match.group(1), match.group(2)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", html.unescape(target)) or target.startswith(("/", "\\")):
+        return f"{text} ({target})"
+    return f'<a href="{target}">{text}</a>'
+
+
 def to_html(suite: str, md_text: str, folder: Path) -> str:
     """A self-contained page: the Markdown's tables as HTML, images inlined as base64."""
     out, in_table = [], False
@@ -356,7 +368,7 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
         elif line.startswith("# "):
             out.append(f"<h1>{html.escape(line[2:])}</h1>")
         elif line:
-            out.append("<p>" + LINK.sub(r'<a href="\2">\1</a>', html.escape(line)) + "</p>")
+            out.append("<p>" + LINK.sub(safe_link, html.escape(line)) + "</p>")
     if in_table:
         out.append("</table>")
     style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
@@ -366,10 +378,13 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
             f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
 
 
-def write_leaderboard(store: Store, suite: str, run_ids: set[str] | None = None) -> Path:
-    """Write README.md, index.html and the PNG figures to <results>/<suite>/leaderboard/; return that folder.
+def write_leaderboard(store: Store, suite: str, run_ids: set[str] | None = None, folder: Path | None = None) -> Path:
+    """Write README.md, index.html and the PNG figures to ``folder`` (default <results>/<suite>/leaderboard/);
+    return that folder.
 
     ``run_ids``: the runs of the suite as defined now; others in the folder (older code versions) are left out.
+    Runs that cannot be used (failed, or ok without a finite primary metric) get one warning line each on stderr;
+    failed ones are counted in the tables, and the next sweep runs them again.
     """
     results = store.load()
     ignored = 0
@@ -378,12 +393,17 @@ def write_leaderboard(store: Store, suite: str, run_ids: set[str] | None = None)
         ignored, results = len(results) - len(kept), kept
     if not results:
         raise ValueError(f"suite {suite!r} has no results yet in {store.root}")
+    for r in results:
+        problem = unusable_reason(r)
+        if problem:
+            print(f"warning: run {r.run_id} ({r.task}/{r.variant}/seed {r.seed}) not counted: {problem}; the next "
+                  "sweep runs it again", file=sys.stderr)
     boards = group(results)
-    folder = store.root / "leaderboard"
+    folder = Path(folder) if folder is not None else store.root / "leaderboard"
     folder.mkdir(parents=True, exist_ok=True)
     figures: dict[str, list[str]] = {}
     for b in boards:
-        stem = f"{b.task}-{b.preset}"
+        stem = slug(f"{b.task}-{b.preset}")
         bar_figure(b, folder / f"{stem}-bars.png")
         figures[b.title] = [f"{stem}-bars.png"]
         if curves_figure(b, store, folder / f"{stem}-curves.png"):

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from quest_bench.registry import code_version, get_task
 from quest_bench.result import RunResult
-from quest_bench.spec import RunSpec
+from quest_bench.spec import RunSpec, check_name
+from quest_bench.store import unusable_reason
 from quest_bench.task import Diverged, RunContext
 
 PACKAGES = ("torch", "quest-core", "quest-bench", "numpy", "ray", "timm", "torchvision", "torchaudio")
@@ -30,6 +31,8 @@ def resolve(spec: RunSpec) -> RunSpec:
     """Validate a spec (task, preset, variant, config keys) and fill in its code version."""
     import quest_core
 
+    for kind, name in (("task", spec.task), ("variant", spec.variant), ("preset", spec.preset)):
+        check_name(kind, name)
     task = get_task(spec.task)
     quest_core.get_variant(spec.variant)
     task.make_config(spec.preset, spec.overrides)
@@ -70,6 +73,9 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         result.metrics, result.data = output.metrics, output.data
         wall = time.perf_counter() - start
         result.cost["samples_per_s"] = output.samples_seen / wall if wall > 0 else 0.0
+        problem = unusable_reason(result)
+        if problem:  # a run without a usable headline number is not a result
+            result.status, result.reason = "failed", problem.replace("status ok but ", "")
     except Diverged as err:
         result.status, result.reason, result.diverged_step = "diverged", err.reason, err.step
     except Exception as err:  # a failed run is a result too; the traceback goes next to it
@@ -92,8 +98,10 @@ def environment(device: str) -> dict:
             versions[name] = version(name)
         except PackageNotFoundError:
             pass  # not installed in this environment: not recorded
+    import torch
+
     return {"packages": versions, "python": platform.python_version(), "host": socket.gethostname(),
-            "device": device, **git_state()}
+            "device": device, "torch_threads": torch.get_num_threads(), **git_state()}
 
 
 def git_state() -> dict:

@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PRESETS = ("tiny", "small", "paper")
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Names of suites, tasks, variants and presets become file and folder names: letters, digits, '.', '_', '-'
+    only, and no '..'. Anything else fails with a clear error."""
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"invalid {kind} name {name!r}: use letters, digits, '.', '_' and '-' only (no '..')")
+    return name
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of any text (for names built from stored results)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).replace("..", "_").strip("._") or "_"
 
 
 @dataclass(frozen=True)

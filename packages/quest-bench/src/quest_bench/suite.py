@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from quest_bench.runner import REPO_ROOT, resolve
-from quest_bench.spec import RunSpec
+from quest_bench.spec import RunSpec, check_name
 
 SUITE_KEYS = {"name", "description", "tasks", "variants", "presets", "seeds", "overrides", "grid"}
 TASK_KEYS = {"name", "overrides", "grid", "presets"}
@@ -53,32 +53,74 @@ def suite_name(name_or_path: str) -> str:
     """The results name of a suite given by file path or by name (a bare name needs no suite file)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        return (yaml.safe_load(find_suite(name_or_path).read_text()) or {}).get("name") or path.stem
-    return name_or_path
+        path = find_suite(name_or_path)
+        return check_name("suite", read_yaml(path).get("name") or path.stem)
+    return check_name("suite", name_or_path)
+
+
+def read_yaml(path: Path) -> dict:
+    """A suite file as a mapping; unreadable files and malformed YAML fail with one line that says where."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read suite file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML{where}: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a suite is a YAML mapping (name, tasks, variants, ...), got {type(raw).__name__}")
+    return raw
+
+
+def as_list(path: Path, raw: dict, key: str, default: list) -> list:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: {key!r} must be a list, got {value!r}")
+    return value
 
 
 def load_suite(name_or_path: str) -> Suite:
     path = find_suite(name_or_path)
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_yaml(path)
     unknown = set(raw) - SUITE_KEYS
     if unknown:
         raise ValueError(f"{path}: unknown suite keys {sorted(unknown)}; valid keys: {sorted(SUITE_KEYS)}")
     for key in ("tasks", "variants"):
         if not raw.get(key):
             raise ValueError(f"{path}: suite needs a non-empty {key!r} list")
+    name = check_name("suite", str(raw.get("name") or path.stem))
+    variants = as_list(path, raw, "variants", [])
+    seeds = as_list(path, raw, "seeds", [0])
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise ValueError(f"{path}: 'seeds' must be a list of integers >= 0, got {seeds!r}")
+    for key in ("overrides", "grid"):
+        if not isinstance(raw.get(key) or {}, dict):
+            raise ValueError(f"{path}: {key!r} must be a mapping of task config keys, got {raw[key]!r}")
     specs: list[RunSpec] = []
-    for entry in raw["tasks"]:
+    for entry in as_list(path, raw, "tasks", []):
+        if not isinstance(entry, (str, dict)) or (isinstance(entry, dict) and "name" not in entry):
+            raise ValueError(f"{path}: a task entry is a name or a mapping with 'name', got {entry!r}")
         entry = {"name": entry} if isinstance(entry, str) else dict(entry)
         if set(entry) - TASK_KEYS:
             raise ValueError(f"{path}: unknown keys {sorted(set(entry) - TASK_KEYS)} in task entry; valid: {sorted(TASK_KEYS)}")
+        for key in ("overrides", "grid"):
+            if not isinstance(entry.get(key) or {}, dict):
+                raise ValueError(f"{path}: {key!r} of task {entry['name']!r} must be a mapping, got {entry[key]!r}")
         fixed = {**(raw.get("overrides") or {}), **(entry.get("overrides") or {})}
         grid = {**(raw.get("grid") or {}), **(entry.get("grid") or {})}
-        presets = entry.get("presets") or raw.get("presets") or ["tiny"]
-        for preset, variant, seed, cell in itertools.product(
-            presets, raw["variants"], raw.get("seeds") or [0], grid_cells(grid)
-        ):
-            specs.append(resolve(RunSpec(entry["name"], variant, preset, int(seed), {**fixed, **cell})))
-    return Suite(raw.get("name") or path.stem, raw.get("description", ""), specs)
+        presets = entry.get("presets") or as_list(path, raw, "presets", ["tiny"])
+        for preset, variant, seed, cell in itertools.product(presets, variants, seeds, grid_cells(grid)):
+            try:
+                specs.append(resolve(RunSpec(str(entry["name"]), str(variant), str(preset), seed, {**fixed, **cell})))
+            except ValueError as err:
+                raise ValueError(f"{path}: {err}") from None
+    return Suite(name, str(raw.get("description", "")), specs)
 
 
 def grid_cells(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

@@ -1,18 +1,29 @@
 """Run a suite on Ray: one Ray task per missing run, resources from the task preset, the driver the only writer.
 
-With no address and no RAY_ADDRESS, a local Ray instance sized to this machine is started (and stopped after);
-otherwise the sweep joins that cluster. Runs whose result.json already says ok/diverged are skipped, so an
-interrupted sweep resumes by running it again. A worker that dies is retried up to ``max_retries`` times; a run
-that diverges is a result, not an error.
+With no address and no RAY_ADDRESS, a local Ray instance sized to this machine is started (and stopped after),
+bound to loopback and protected by a fresh token; otherwise the sweep joins that cluster (with the token in
+RAY_AUTH_TOKEN when the cluster uses token auth). What a sweep guarantees:
+
+- resume: runs whose result.json counts as finished (ok with a finite primary metric, or diverged) are skipped;
+- one driver per results folder (a lock file; a second driver refuses, or waits with ``wait=True``);
+- runs that no node of the cluster can host are refused before anything runs, with what the cluster has;
+- each run gets a fresh worker process (``max_calls=1``) and a scratch folder under a per-sweep folder;
+- a worker that dies is retried ``max_retries`` times (also when Ray's memory monitor kills it); a run that
+  diverges is a result, never retried; a run longer than its timeout is cancelled and recorded ``failed: timeout``;
+- a failed run keeps its Python traceback in ``error.txt``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import secrets
 import shutil
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -20,19 +31,41 @@ from tqdm.auto import tqdm
 from quest_bench.registry import get_task
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec
-from quest_bench.store import FINISHED, Store
+from quest_bench.store import Store
 from quest_bench.suite import Suite
 
 ARTIFACT_LIMIT = 20 * 2**20  # bytes of files a worker may send back per run
+POLL_S = 2.0  # how often the driver looks at finished runs and timeouts
 
 
-def run_in_worker(spec_json: dict, device: str, data_root: str | None) -> tuple[str, dict[str, bytes]]:
-    """Executed in a Ray worker: run in a scratch folder, return the result and the run's files."""
+class RunClock:
+    """A Ray actor that notes when each run starts on its worker, so that the driver can cancel runs that exceed
+    their timeout (time spent queued for resources does not count)."""
+
+    def __init__(self):
+        self.started: dict[str, float] = {}
+
+    def start(self, run_id: str) -> None:
+        self.started[run_id] = time.monotonic()  # a retried run starts its clock again
+
+    def elapsed(self) -> dict[str, float]:
+        now = time.monotonic()
+        return {run_id: now - t for run_id, t in self.started.items()}
+
+
+def run_in_worker(spec_json: dict, device: str, data_root: str | None, scratch_root: str,
+                  clock) -> tuple[str, dict[str, bytes]]:
+    """Executed in a fresh Ray worker: run in a scratch folder, return the result and the run's files."""
+    import ray
+
     os.environ.setdefault("TQDM_DISABLE", "1")
     from quest_bench.runner import execute
 
     spec = RunSpec.from_json(spec_json)
-    scratch = Path(tempfile.mkdtemp(prefix=f"quest-{spec.run_id}-"))
+    ray.get(clock.start.remote(spec.run_id))
+    scratch = Path(scratch_root) / spec.run_id
+    shutil.rmtree(scratch, ignore_errors=True)  # left by an earlier attempt that was killed
+    scratch.mkdir(parents=True)
     try:
         result = execute(spec, scratch, device=device, data_root=data_root, progress=False)
         return result.to_json(), collect_files(scratch)
@@ -64,59 +97,147 @@ def failed_result(spec: RunSpec, reason: str) -> RunResult:
                      reason=reason, primary_metric=task.primary_metric, higher_is_better=task.higher_is_better)
 
 
+def check_sweep_args(max_retries: int, run_timeout: float | None) -> None:
+    if not isinstance(max_retries, int) or max_retries < 0:
+        raise ValueError(f"--max-retries must be an integer >= 0, got {max_retries!r}")
+    if run_timeout is not None and not (math.isfinite(run_timeout) and run_timeout > 0):
+        raise ValueError(f"--run-timeout must be a number of seconds > 0, got {run_timeout!r}")
+
+
+def todo_specs(suite: Suite, store: Store) -> list[RunSpec]:
+    done = store.finished_ids()
+    return [s for s in suite.specs if s.run_id not in done]
+
+
 def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_root: str | None = None,
-              max_retries: int = 2, progress: bool = True) -> dict[str, int]:
-    """Run every missing spec of ``suite``; returns counts by status for this invocation (plus 'skipped')."""
+              max_retries: int = 2, run_timeout: float | None = None, wait: bool = False,
+              wait_for_resources: bool = False, progress: bool = True) -> dict[str, int]:
+    """Run every missing spec of ``suite``; returns counts by status for this invocation (plus 'skipped').
+
+    ``run_timeout``: seconds per run (default: each preset's, ``Task.timeout_for``). ``wait``: queue behind another
+    driver of the same results folder instead of refusing. ``wait_for_resources``: submit runs that no node can
+    host yet (an autoscaling cluster adds the nodes) instead of refusing them.
+    """
+    check_sweep_args(max_retries, run_timeout)
+    store = Store(Path(results_dir) / suite.name)
+    todo = todo_specs(suite, store)
+    counts = {"skipped": len(suite.specs) - len(todo), "ok": 0, "diverged": 0, "failed": 0}
+    if not todo:  # nothing to write: works on a read-only results folder
+        print(f"suite {suite.name}: all {len(suite.specs)} runs already finished in {store.root}", file=sys.stderr)
+        return counts
+    with store.lock(wait):
+        todo = todo_specs(suite, store)  # another driver may have finished some while we waited for the lock
+        counts["skipped"] = len(suite.specs) - len(todo)
+        print(f"suite {suite.name}: {len(suite.specs)} runs, {counts['skipped']} already finished, {len(todo)} to run"
+              f" -> {store.root}", file=sys.stderr)
+        if todo:
+            with ray_session(address, max_retries) as ray:
+                if not wait_for_resources:
+                    check_feasible(todo, ray.nodes())
+                run_specs(ray, todo, store, counts, data_root, max_retries, run_timeout, progress)
+    return counts
+
+
+@contextmanager
+def ray_session(address: str | None, max_retries: int):
+    """Join ``address`` (or RAY_ADDRESS), or start a local Ray instance: bound to 127.0.0.1, token-authenticated
+    with a fresh token that lives only in this process's environment (inherited by Ray's processes; nothing is
+    written to the home folder), OOM retries bounded by ``max_retries``. Yields the ray module."""
     import ray
 
-    store = Store(Path(results_dir) / suite.name)
-    done = store.sync()
-    todo = [s for s in suite.specs if s.run_id not in done]
-    counts = {"skipped": len(suite.specs) - len(todo), "ok": 0, "diverged": 0, "failed": 0}
-    print(f"suite {suite.name}: {len(suite.specs)} runs, {counts['skipped']} already finished, {len(todo)} to run"
-          f" -> {store.root}", file=sys.stderr)
-    if not todo:
-        return counts
-
     address = address or os.environ.get("RAY_ADDRESS")
-    started_here = not ray.is_initialized()
-    if started_here:
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:  # loopback-only, no dashboard: no token auth (else Ray writes ~/.ray/auth_token; see stack.md)
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
+    if ray.is_initialized():
+        yield ray
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1", _system_config={"task_oom_retries": max_retries},
+                 runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def check_feasible(specs: list[RunSpec], nodes: list[dict]) -> None:
+    """Refuse runs that no alive node can host (e.g. a GPU preset on a CPU-only machine), naming what there is."""
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    for spec in specs:
+        need = get_task(spec.task).resources_for(spec.preset)
+        if not any(r.get("CPU", 0) >= need.num_cpus and r.get("GPU", 0) >= need.num_gpus for r in alive):
+            have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for r in alive) or "no nodes"
+            raise ValueError(f"run {spec.label()} needs {need.num_cpus:g} CPUs and {need.num_gpus:g} GPUs on one "
+                             f"node, but the cluster's nodes have: {have}. Use a smaller preset, or on an "
+                             "autoscaling cluster pass --wait-for-resources")
+
+
+def run_specs(ray, todo: list[RunSpec], store: Store, counts: dict, data_root: str | None, max_retries: int,
+              run_timeout: float | None, progress: bool) -> None:
+    scratch_root = Path(tempfile.mkdtemp(prefix="quest-bench-sweep-"))  # every run's scratch lives under it
+    clock = ray.remote(num_cpus=0)(RunClock).remote()
     remote = ray.remote(run_in_worker)
-    pending = {}
+    pending, timeouts = {}, {}
     for spec in todo:
-        res = get_task(spec.task).resources_for(spec.preset)
+        task = get_task(spec.task)
+        res = task.resources_for(spec.preset)
         device = "cuda" if res.num_gpus > 0 else "cpu"
-        ref = remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=max_retries,
-                             name=spec.label()).remote(spec.to_json(), device, data_root)
+        ref = remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=max_retries, max_calls=1,
+                             name=spec.label()).remote(spec.to_json(), device, data_root, str(scratch_root), clock)
         pending[ref] = spec
-    slots = max(1, int(ray.cluster_resources().get("CPU", 1)))  # upper bound on runs in flight (for display)
-    bar = tqdm(total=len(todo), desc=f"sweep {suite.name}", disable=not progress, dynamic_ncols=True)
+        timeouts[spec.run_id] = run_timeout or task.timeout_for(spec.preset)
+    bar = tqdm(total=len(todo), desc="sweep", disable=not progress, dynamic_ncols=True)
     try:
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
             for ref in ready:
                 spec = pending.pop(ref)
-                try:
-                    result_json, files = ray.get(ref)
-                    result = RunResult.from_dict(json.loads(result_json))
-                except ray.exceptions.RayError as err:  # the worker died on every attempt
-                    result, files = failed_result(spec, f"worker died ({max_retries} retries): {type(err).__name__}"), {}
-                write_run(store, spec, result, files)
-                counts[result.status] += 1
-                bar.set_postfix(running=min(len(pending), slots), ok=counts["ok"], diverged=counts["diverged"],
-                                failed=counts["failed"], refresh=False)
-                bar.update(1)
+                finish(store, spec, *outcome(ray, ref, spec, max_retries), counts, bar)
+            elapsed = ray.get(clock.elapsed.remote())
+            for ref, spec in list(pending.items()):
+                if elapsed.get(spec.run_id, 0.0) > timeouts[spec.run_id]:
+                    ray.cancel(ref, force=True)  # kills the worker process; cancelled tasks are not retried
+                    del pending[ref]
+                    reason = f"timeout: still running after {timeouts[spec.run_id]:g} s (--run-timeout)"
+                    finish(store, spec, failed_result(spec, reason), {"error.txt": (reason + "\n").encode()},
+                           counts, bar)
     finally:
         bar.close()
-        if started_here:
-            ray.shutdown()
-    return counts
+        for ref in pending:  # interrupted: stop what still runs (a local instance stops with the driver anyway)
+            ray.cancel(ref, force=True)
+        shutil.rmtree(scratch_root, ignore_errors=True)
+
+
+def outcome(ray, ref, spec: RunSpec, max_retries: int) -> tuple[RunResult, dict[str, bytes]]:
+    """The result of a finished Ray task; Ray's own errors become failed results that keep the reason."""
+    try:
+        result_json, files = ray.get(ref)
+        return RunResult.from_dict(json.loads(result_json)), files
+    except ray.exceptions.RayTaskError as err:  # a Python exception outside the task's own run (import, I/O)
+        cause = err.cause if isinstance(err.cause, BaseException) else None
+        reason = f"{type(cause).__name__}: {cause}" if cause else str(err).splitlines()[-1]
+        return failed_result(spec, reason), {"error.txt": str(err).encode()}
+    except ray.exceptions.OutOfMemoryError as err:
+        reason = f"out of memory: killed by Ray's memory monitor on every attempt ({max_retries} retries)"
+        return failed_result(spec, reason), {"error.txt": str(err).encode()}
+    except ray.exceptions.RayError as err:  # the worker process died on every attempt
+        reason = f"worker died on every attempt ({max_retries} retries): {type(err).__name__}"
+        return failed_result(spec, reason), {"error.txt": str(err).encode()}
+
+
+def finish(store: Store, spec: RunSpec, result: RunResult, files: dict[str, bytes], counts: dict, bar) -> None:
+    write_run(store, spec, result, files)
+    counts[result.status] += 1
+    value = result.metrics.get(result.primary_metric)
+    shown = f"{result.primary_metric}={value:.4g}" if isinstance(value, (int, float)) else result.reason
+    wall = result.cost.get("wall_s")
+    bar.write(f"{result.status:8s} {spec.label()}  {shown}" + (f"  ({wall:.0f} s)" if wall is not None else ""),
+              file=sys.stderr)
+    bar.set_postfix(ok=counts["ok"], diverged=counts["diverged"], failed=counts["failed"], refresh=False)
+    bar.update(1)
 
 
 def write_run(store: Store, spec: RunSpec, result: RunResult, files: dict[str, bytes]) -> None:
@@ -124,9 +245,9 @@ def write_run(store: Store, spec: RunSpec, result: RunResult, files: dict[str, b
     shutil.rmtree(folder, ignore_errors=True)  # a re-run replaces every file of the earlier attempt (error.txt, ...)
     folder.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
-        target = folder / name
+        target = (folder / name).resolve()
+        if not target.is_relative_to(folder.resolve()):  # a worker names only files inside its run folder
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     store.write(spec, result)
-    if result.status not in FINISHED:
-        print(f"run {spec.label()} {result.status}: {result.reason}", file=sys.stderr)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tqdm.auto import tqdm
+
+from quest_bench.config import make_config
 
 
 class Diverged(Exception):
@@ -21,12 +22,17 @@ class Diverged(Exception):
         self.step, self.reason = step, reason
 
 
+# A sweep cancels a run that takes longer than this (``--run-timeout`` overrides it for every run of a sweep).
+DEFAULT_TIMEOUT_S = {"tiny": 3600.0, "small": 12 * 3600.0, "paper": 7 * 24 * 3600.0}
+
+
 @dataclass(frozen=True)
 class Resources:
-    """What one run of a preset needs from a Ray node."""
+    """What one run of a preset needs from a Ray node, and how long it may take."""
 
     num_cpus: float = 1
     num_gpus: float = 0
+    timeout_s: float = 0.0  # 0 = the preset's default (DEFAULT_TIMEOUT_S)
 
 
 @dataclass
@@ -57,46 +63,23 @@ class Task(abc.ABC):
     def resources_for(self, preset: str) -> Resources:
         return self.resources.get(preset, Resources())
 
+    def timeout_for(self, preset: str) -> float:
+        """Seconds a run of ``preset`` may take in a sweep before it is cancelled."""
+        return self.resources_for(preset).timeout_s or DEFAULT_TIMEOUT_S.get(preset, DEFAULT_TIMEOUT_S["paper"])
+
     def metric_directions(self) -> dict[str, bool]:
         return {self.primary_metric: self.higher_is_better, **self.leaderboard_metrics}
 
     def make_config(self, preset: str, overrides: dict[str, Any]):
-        """The typed config for a preset plus overrides; unknown presets or keys fail with the valid ones."""
+        """The typed config for a preset plus overrides; unknown presets or keys, wrong types and values outside a
+        field's declared range (``quest_bench.config.param``) fail with what is valid."""
         if preset not in self.presets:
             raise ValueError(f"task {self.name!r} has no preset {preset!r}; valid presets: {', '.join(self.presets)}")
-        fields = {f.name: f for f in dataclasses.fields(self.config_class)}
-        values = dict(self.presets[preset])
-        for key, value in overrides.items():
-            if key not in fields:
-                raise ValueError(
-                    f"task {self.name!r} has no config key {key!r}; valid keys: {', '.join(sorted(fields))}"
-                )
-            values[key] = coerce(value, type(getattr(self.config_class(), key)), key)
-        return self.config_class(**values)
+        return make_config(self.config_class, {**self.presets[preset], **overrides}, f"task {self.name!r}")
 
     @abc.abstractmethod
     def run(self, config: Any, ctx: "RunContext") -> TaskOutput:
         """Build data and model from ``config``, train, evaluate; report through ``ctx``."""
-
-
-def coerce(value: Any, kind: type, key: str) -> Any:
-    """Turn a --set string or a YAML value into the field's type, or fail with a clear error."""
-    if kind is str:
-        return str(value)
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if kind is bool and text in ("true", "false", "1", "0"):
-            return text in ("true", "1")
-        try:
-            value = int(text) if kind is int else float(text) if kind is float else value
-        except ValueError:
-            pass  # not a number: the type check below reports it
-    ok = (isinstance(value, bool) if kind is bool else
-          isinstance(value, int) and not isinstance(value, bool) if kind is int else
-          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else True)
-    if not ok:
-        raise ValueError(f"config key {key!r} expects {kind.__name__}, got {value!r}")
-    return float(value) if kind is float else value
 
 
 class RunContext:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from quest_bench.robustness import corruption_summary
+from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_bench.training import adamw_warmup_cosine, report_step
 from quest_core import Telemetry
@@ -37,33 +38,44 @@ DATASETS = {  # name -> (nuScenes version, classes)
 
 @dataclass
 class Det3dConfig:
-    dataset: str = "sim"  # sim (generated v1.0-mini) | nuscenes-mini | nuscenes (v1.0-trainval), real from --data-root
-    sim_samples: int = 40  # key frames per simulated scene (10 scenes: 8 train, 2 val)
-    sim_between: int = 1  # non-key sweeps stored between simulated key frames (the real data has 9)
-    sweeps: int = 3  # LiDAR sweeps accumulated per sample: the key frame and the ones before it (sim: 0.5 s)
-    extent: float = 32.0  # m: the BEV grid covers |x|, |y| < extent around the sensor
-    pillar: float = 0.5  # m: pillar size (the head predicts at 2 x pillar)
-    pillar_width: int = 32
-    width: int = 32  # channels at stride 2 (2 x width at stride 4)
-    dim: int = 64  # transformer width (stride-8 tokens)
-    depth: int = 2
-    num_heads: int = 4
-    epochs: int = 4
-    batch_size: int = 4
-    lr: float = 2e-3  # AdamW peak; warm-up then cosine to 1 %
-    weight_decay: float = 0.01
-    warmup_epochs: float = 0.5
-    grad_clip: float = 10.0
-    velocity_weight: float = 1.0  # of the velocity in the regression loss (CenterPoint: 0.2 over 20 epochs)
+    dataset: str = param("sim", choices=("sim", "nuscenes-mini", "nuscenes"))  # sim (generated v1.0-mini) |
+    # nuscenes-mini | nuscenes (v1.0-trainval), real from --data-root
+    sim_samples: int = param(40, ge=2)  # key frames per simulated scene (10 scenes: 8 train, 2 val)
+    sim_between: int = param(1, ge=0)  # non-key sweeps stored between simulated key frames (the real data has 9)
+    sweeps: int = param(3, ge=1)  # LiDAR sweeps accumulated per sample: the key frame and the ones before it
+    extent: float = param(32.0, gt=0)  # m: the BEV grid covers |x|, |y| < extent around the sensor
+    pillar: float = param(0.5, gt=0)  # m: pillar size (the head predicts at 2 x pillar)
+    pillar_width: int = param(32, ge=1)
+    width: int = param(32, ge=1)  # channels at stride 2 (2 x width at stride 4)
+    dim: int = param(64, ge=1)  # transformer width (stride-8 tokens)
+    depth: int = param(2, ge=1)
+    num_heads: int = param(4, ge=1)
+    epochs: int = param(4, ge=1)
+    batch_size: int = param(4, ge=1)
+    lr: float = param(2e-3, gt=0)  # AdamW peak; warm-up then cosine to 1 %
+    weight_decay: float = param(0.01, ge=0)
+    warmup_epochs: float = param(0.5, ge=0)
+    grad_clip: float = param(10.0, ge=0)
+    velocity_weight: float = param(1.0, ge=0)  # of the velocity in the regression loss (CenterPoint: 0.2 over 20
+    # epochs)
     augment: bool = False  # random flips, rotation within +-22.5 degrees, scaling within 0.95-1.05 (see README: on the
     # simulated streets at the tiny budget they cost accuracy and stop velocity being learned; on for real data)
-    top_k: int = 100  # detections kept per sample
-    severities: str = "1,2,3"  # corruption severities evaluated ("" = no robustness evaluation)
+    top_k: int = param(100, ge=1)  # detections kept per sample
+    severities: str = param("1,2,3", items=int, ge=1, le=3)  # corruption severities evaluated ("" = no robustness
+    # evaluation)
     amp: bool = False  # bfloat16 autocast (CUDA)
-    figure_samples: int = 3  # validation samples drawn in predictions.png (0 = no figure)
+    figure_samples: int = param(3, ge=0)  # validation samples drawn in predictions.png (0 = no figure)
     in_memory: bool = True  # keep the clouds in memory (False: read them each time, for the real trainval)
-    workers: int = 0  # processes reading clouds (DataLoader workers)
-    log_every: int = 10
+    workers: int = param(0, ge=0)  # processes reading clouds (DataLoader workers)
+    log_every: int = param(10, ge=1)
+
+    def __post_init__(self):
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
+        cells = 2 * self.extent / self.pillar
+        if abs(cells - round(cells)) > 1e-6 or round(cells) % 8:
+            raise ValueError(f"2 * extent / pillar = {cells:g} pillars: it must be a whole number divisible by 8 "
+                             "(e.g. extent 32, pillar 0.5)")
 
 
 class Det3dTask(Task):

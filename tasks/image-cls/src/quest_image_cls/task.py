@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
 from quest_bench.robustness import corruption_summary
+from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_bench.training import decay_groups
 from quest_core import Telemetry, summarize
@@ -24,35 +25,42 @@ from quest_image_cls.model import Classifier, build_vit
 
 @dataclass
 class ImageClsConfig:
-    dataset: str = "digits"  # digits (shipped) | cifar10 | cifar100 | imagenet (from --data-root)
-    img_size: int = 28
-    patch_size: int = 7
-    embed_dim: int = 64
-    depth: int = 3
-    num_heads: int = 4
-    mlp_ratio: float = 2.0
-    drop_path: float = 0.0
-    epochs: int = 30
-    batch_size: int = 128
-    lr: float = 2e-3
-    weight_decay: float = 0.05  # AdamW, on weight matrices only (quest_bench.training.decay_groups)
-    warmup_epochs: float = 1.0
-    label_smoothing: float = 0.0
-    mixup: float = 0.0  # timm Mixup alpha (0 = off)
-    cutmix: float = 0.0  # timm CutMix alpha (0 = off)
+    dataset: str = param("digits", choices=("digits", "cifar10", "cifar100", "imagenet"))  # digits ships; the others
+    # are read from --data-root
+    img_size: int = param(28, ge=1)
+    patch_size: int = param(7, ge=1)
+    embed_dim: int = param(64, ge=1)
+    depth: int = param(3, ge=1)
+    num_heads: int = param(4, ge=1)
+    mlp_ratio: float = param(2.0, gt=0)
+    drop_path: float = param(0.0, ge=0, lt=1)
+    epochs: int = param(30, ge=1)
+    batch_size: int = param(128, ge=1)
+    lr: float = param(2e-3, gt=0)
+    weight_decay: float = param(0.05, ge=0)  # AdamW, on weight matrices only (quest_bench.training.decay_groups)
+    warmup_epochs: float = param(1.0, ge=0)
+    label_smoothing: float = param(0.0, ge=0, lt=1)
+    mixup: float = param(0.0, ge=0)  # timm Mixup alpha (0 = off)
+    cutmix: float = param(0.0, ge=0)  # timm CutMix alpha (0 = off)
     randaugment: str = ""  # timm auto_augment string, e.g. "rand-m9-mstd0.5-inc1" (ImageNet only)
-    shift_pixels: int = 0  # random translation of the shipped digits (0 = off: it cost accuracy at this budget)
+    shift_pixels: int = param(0, ge=0)  # random translation of the shipped digits (0 = off: it cost accuracy here)
     amp: bool = False  # bfloat16 autocast (CUDA)
-    num_workers: int = 0
-    eval_samples: int = 0  # 0 = the whole test split
-    corruption_samples: int = 1000  # test images per (corruption, severity)
-    adv_samples: int = 500
-    adv_eps: float = 8 / 255  # L∞ budget in [0, 1] pixel units
-    pgd_steps: int = 10
-    pgd_step_size: float = 2 / 255
+    num_workers: int = param(0, ge=0)
+    eval_samples: int = param(0, ge=0)  # 0 = the whole test split
+    corruption_samples: int = param(1000, ge=1)  # test images per (corruption, severity)
+    adv_samples: int = param(500, ge=1)
+    adv_eps: float = param(8 / 255, ge=0, le=1)  # L∞ budget in [0, 1] pixel units
+    pgd_steps: int = param(10, ge=1)
+    pgd_step_size: float = param(2 / 255, gt=0, le=1)
     autoattack: bool = False
-    log_every: int = 20
-    figure_images: int = 6
+    log_every: int = param(20, ge=1)
+    figure_images: int = param(6, ge=1)
+
+    def __post_init__(self):
+        if self.img_size % self.patch_size:
+            raise ValueError(f"img_size ({self.img_size}) must be a multiple of patch_size ({self.patch_size})")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim ({self.embed_dim}) must be a multiple of num_heads ({self.num_heads})")
 
 
 class ImageClsTask(Task):

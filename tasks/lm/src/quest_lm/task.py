@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_bench.training import decay_groups, warmup_cosine
 from quest_core import Telemetry, summarize
@@ -19,29 +20,39 @@ from quest_lm.model import GPT
 
 @dataclass
 class LmConfig:
-    dataset: str = "wikitext-mini"  # wikitext-mini (shipped) | wikitext-2 | wikitext-103 (from --data-root)
-    tokenizer: str = "word"  # word (WikiText's own vocabulary) | bpe (trained on the train split)
-    bpe_vocab: int = 8000
-    context: int = 64  # tokens per training window and per evaluation window
-    dim: int = 128
-    depth: int = 2
-    num_heads: int = 4
-    mlp_ratio: float = 4.0
-    dropout: float = 0.1
-    adaptive_cutoffs: str = "2000,6000"  # adaptive-softmax cluster bounds (by frequency rank); "" = tied softmax
-    adaptive_div: float = 4.0  # each tail cluster's projection is div times narrower than the previous
-    steps: int = 700
-    batch_size: int = 16
-    lr: float = 3e-3  # peak learning rate (AdamW), after linear warm-up; cosine decay to min_lr_ratio * lr
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1  # on weight matrices and embeddings; not on biases, norms or attention gains
-    grad_clip: float = 1.0  # max global gradient norm (0 = off)
+    dataset: str = param("wikitext-mini", choices=("wikitext-mini", "wikitext-2", "wikitext-103"))  # wikitext-mini
+    # ships; the others are read from --data-root
+    tokenizer: str = param("word", choices=("word", "bpe"))  # word (WikiText's own vocabulary) | bpe (trained on train)
+    bpe_vocab: int = param(8000, ge=260)
+    context: int = param(64, ge=2)  # tokens per training window and per evaluation window
+    dim: int = param(128, ge=1)
+    depth: int = param(2, ge=1)
+    num_heads: int = param(4, ge=1)
+    mlp_ratio: float = param(4.0, gt=0)
+    dropout: float = param(0.1, ge=0, lt=1)
+    adaptive_cutoffs: str = param("2000,6000", items=int, ge=1)  # adaptive-softmax cluster bounds (by frequency
+    # rank); "" = tied softmax
+    adaptive_div: float = param(4.0, ge=1)  # each tail cluster's projection is div times narrower than the previous
+    steps: int = param(700, ge=1)
+    batch_size: int = param(16, ge=1)
+    lr: float = param(3e-3, gt=0)  # peak learning rate (AdamW), after linear warm-up; cosine decay to min_lr_ratio * lr
+    warmup_steps: int = param(50, ge=0)
+    min_lr_ratio: float = param(0.1, ge=0, le=1)
+    weight_decay: float = param(0.1, ge=0)  # on weight matrices and embeddings; not on biases, norms or attention gains
+    grad_clip: float = param(1.0, ge=0)  # max global gradient norm (0 = off)
     amp: bool = False  # bfloat16 autocast (CUDA)
-    eval_tokens: int = 0  # evaluate on the first N tokens of valid/test (0 = all)
-    corruption_rates: str = "0.05,0.1,0.2"  # input-token substitution rates for corrupted perplexity
-    spike_threshold: float = 0.5  # a loss spike: smoothed loss this many nats above its running minimum
-    log_every: int = 20
+    eval_tokens: int = param(0, ge=0)  # evaluate on the first N tokens of valid/test (0 = all)
+    corruption_rates: str = param("0.05,0.1,0.2", items=float, gt=0, le=1)  # input-token substitution rates for
+    # corrupted perplexity
+    spike_threshold: float = param(0.5, gt=0)  # a loss spike: smoothed loss this many nats above its running minimum
+    log_every: int = param(20, ge=1)
+
+    def __post_init__(self):
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
+        cutoffs = [int(c) for c in self.adaptive_cutoffs.split(",") if c.strip()]
+        if cutoffs != sorted(set(cutoffs)):
+            raise ValueError(f"adaptive_cutoffs must increase strictly, got {self.adaptive_cutoffs!r}")
 
 
 class LmTask(Task):

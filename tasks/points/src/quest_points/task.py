@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from quest_bench.robustness import corruption_summary
+from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_bench.training import adamw_warmup_cosine, report_step
 from quest_core import Telemetry
@@ -22,31 +23,41 @@ from quest_points.model import build_model
 
 @dataclass
 class PointsConfig:
-    dataset: str = "kicad"  # kicad (shipped) | modelnet10 | modelnet40 | scanobjectnn (from --data-root)
-    scanobjectnn_split: str = ""  # "" = OBJ_ONLY, "_augmentedrot_scale75" = PB_T50_RS
-    model: str = "global"  # global (Point-MAE-style) | local (kNN-graph attention, hierarchical)
-    sample_points: int = 1024  # ModelNet: surface points sampled per mesh (the shipped shapes have 1,024)
-    global_points: int = 512  # points per cloud for the global model: a random subset each training step,
-    # a fixed seeded one for evaluation
-    local_points: int = 256  # the same for the local model (which costs ~4x more per point)
-    groups: int = 32  # global: FPS centres (tokens)
-    group_size: int = 16  # global: kNN points per group
-    point_width: int = 64  # global: width of the per-group PointNet
-    dim: int = 96  # global: transformer width
-    depth: int = 3  # global: transformer blocks
-    num_heads: int = 4
-    local_dims: str = "32,64,128"  # local: widths of the stages (FPS to 1/4 between stages)
-    k: int = 8  # local: neighbours per point
-    epochs: int = 25
-    batch_size: int = 32
-    lr: float = 1e-3  # AdamW peak, 1 warm-up epoch then cosine to 1 %
-    weight_decay: float = 0.05  # on weight matrices only (quest_bench.training.decay_groups)
-    warmup_epochs: float = 1.0
-    label_smoothing: float = 0.1
+    dataset: str = param("kicad", choices=("kicad", "modelnet10", "modelnet40", "scanobjectnn"))  # kicad ships; the
+    # others are read from --data-root
+    scanobjectnn_split: str = param("", choices=("", "_augmentedrot_scale75"))  # "" = OBJ_ONLY, or PB_T50_RS
+    model: str = param("global", choices=("global", "local"))  # global (Point-MAE-style) | local (kNN-graph
+    # attention, hierarchical)
+    sample_points: int = param(1024, ge=1)  # ModelNet: surface points sampled per mesh (the shipped shapes have 1,024)
+    global_points: int = param(512, ge=1)  # points per cloud for the global model: a random subset each training
+    # step, a fixed seeded one for evaluation
+    local_points: int = param(256, ge=1)  # the same for the local model (which costs ~4x more per point)
+    groups: int = param(32, ge=1)  # global: FPS centres (tokens)
+    group_size: int = param(16, ge=1)  # global: kNN points per group
+    point_width: int = param(64, ge=1)  # global: width of the per-group PointNet
+    dim: int = param(96, ge=1)  # global: transformer width
+    depth: int = param(3, ge=1)  # global: transformer blocks
+    num_heads: int = param(4, ge=1)
+    local_dims: str = param("32,64,128", items=int, ge=1)  # local: widths of the stages (FPS to 1/4 between stages)
+    k: int = param(8, ge=1)  # local: neighbours per point
+    epochs: int = param(25, ge=1)
+    batch_size: int = param(32, ge=1)
+    lr: float = param(1e-3, gt=0)  # AdamW peak, 1 warm-up epoch then cosine to 1 %
+    weight_decay: float = param(0.05, ge=0)  # on weight matrices only (quest_bench.training.decay_groups)
+    warmup_epochs: float = param(1.0, ge=0)
+    label_smoothing: float = param(0.1, ge=0, lt=1)
     augment: bool = True  # random anisotropic scale in [2/3, 3/2] and shift in [-0.2, 0.2] per cloud
     amp: bool = False  # bfloat16 autocast (CUDA)
-    corruption_samples: int = 0  # test clouds per (corruption, severity); 0 = all
-    log_every: int = 10
+    corruption_samples: int = param(0, ge=0)  # test clouds per (corruption, severity); 0 = all
+    log_every: int = param(10, ge=1)
+
+    def __post_init__(self):
+        if not self.local_dims.strip():
+            raise ValueError("local_dims needs at least one stage width")
+        if self.model == "global" and self.dim % self.num_heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
+        if self.model == "global" and self.group_size > self.global_points:
+            raise ValueError(f"group_size ({self.group_size}) must be <= global_points ({self.global_points})")
 
 
 class PointsTask(Task):

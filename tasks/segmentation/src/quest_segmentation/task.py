@@ -15,6 +15,7 @@ from pathlib import Path
 import quest_segmentation  # noqa: F401  (the mmcv-lite shim, before mmseg is imported)
 from mmengine.hooks import Hook
 from quest_bench.robustness import corruption_summary
+from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_core import Telemetry, summarize
 from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES
@@ -26,19 +27,21 @@ CONFIGS = Path(__file__).parent / "configs"
 
 @dataclass
 class SegmentationConfig:
-    config: str = "segmenter_vit-tiny_mosaics-64x64.py"  # an mmseg config: in quest_segmentation/configs, or a path
-    dataset: str = "mosaics"  # mosaics (generated from the photos bundled in scikit-image) | ade20k (from --data-root)
-    mosaic_train: int = 1000  # generated training images
-    mosaic_val: int = 200  # generated validation images
-    mosaic_size: int = 64
-    iters: int = 0  # training iterations (0 = the config's)
-    batch_size: int = 0  # training batch (0 = the config's)
-    lr: float = 0.0  # peak learning rate (0 = the config's)
-    num_workers: int = -1  # data loader workers (-1 = the config's)
+    config: str = "segmenter_vit-tiny_mosaics-64x64.py"  # an mmseg config: in quest_segmentation/configs, or a path.
+    # mmseg configs are Python files: a path given here is executed, so pass only configs you trust
+    dataset: str = param("mosaics", choices=("mosaics", "ade20k"))  # mosaics (generated from the photos bundled in
+    # scikit-image) | ade20k (from --data-root)
+    mosaic_train: int = param(1000, ge=1)  # generated training images
+    mosaic_val: int = param(200, ge=1)  # generated validation images
+    mosaic_size: int = param(64, ge=16)
+    iters: int = param(0, ge=0)  # training iterations (0 = the config's)
+    batch_size: int = param(0, ge=0)  # training batch (0 = the config's)
+    lr: float = param(0.0, ge=0)  # peak learning rate (0 = the config's)
+    num_workers: int = param(-1, ge=-1)  # data loader workers (-1 = the config's)
     pretrained: str = ""  # backbone checkpoint (mmseg layout), relative to --data-root or absolute
-    corruption_samples: int = 200  # validation images per (corruption, severity); 0 = skip corruptions
-    log_every: int = 20  # telemetry and events.jsonl every this many iterations
-    figure_images: int = 6  # validation images in predictions.png (0 = no figure)
+    corruption_samples: int = param(200, ge=0)  # validation images per (corruption, severity); 0 = skip corruptions
+    log_every: int = param(20, ge=1)  # telemetry and events.jsonl every this many iterations
+    figure_images: int = param(6, ge=0)  # validation images in predictions.png (0 = no figure)
 
 
 class SegmentationTask(Task):

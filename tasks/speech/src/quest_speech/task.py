@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import torchaudio.functional as AF
 
 from quest_bench.robustness import corruption_summary
+from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_bench.training import decay_groups, report_step, warmup_cosine
 from quest_core import Telemetry
@@ -25,46 +26,56 @@ from quest_speech.synth import espeak_version
 class SpeechConfig:
     """What both speech tasks share: model, optimisation and evaluation sizes."""
 
-    dim: int = 96
-    num_heads: int = 4
-    ffn_dim: int = 192
-    num_layers: int = 2
-    kernel_size: int = 15  # depthwise convolution of the Conformer
-    n_mels: int = 40
-    dropout: float = 0.1
-    freq_mask: int = 8  # SpecAugment (0 = off)
-    time_mask: int = 10
-    epochs: int = 20
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.01
-    warmup_frac: float = 0.05
-    grad_clip: float = 5.0
-    narrowband: float = 0.0  # probability that a training clip is band-limited to 4 kHz (resampled to 8 kHz and back)
-    perturb_samples: int = 200  # test utterances per perturbation level (0 = skip)
-    log_every: int = 20
+    dim: int = param(96, ge=1)
+    num_heads: int = param(4, ge=1)
+    ffn_dim: int = param(192, ge=1)
+    num_layers: int = param(2, ge=1)
+    kernel_size: int = param(15, ge=1)  # depthwise convolution of the Conformer (odd)
+    n_mels: int = param(40, ge=8)
+    dropout: float = param(0.1, ge=0, lt=1)
+    freq_mask: int = param(8, ge=0)  # SpecAugment (0 = off)
+    time_mask: int = param(10, ge=0)
+    epochs: int = param(20, ge=1)
+    batch_size: int = param(32, ge=1)
+    lr: float = param(2e-3, gt=0)
+    weight_decay: float = param(0.01, ge=0)
+    warmup_frac: float = param(0.05, ge=0, le=1)
+    grad_clip: float = param(5.0, ge=0)
+    narrowband: float = param(0.0, ge=0, le=1)  # probability that a training clip is band-limited to 4 kHz
+    # (resampled to 8 kHz and back)
+    perturb_samples: int = param(200, ge=0)  # test utterances per perturbation level (0 = skip)
+    log_every: int = param(20, ge=1)
+
+    def __post_init__(self):
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
+        if self.kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size ({self.kernel_size}) must be odd (torchaudio's Conformer)")
 
 
 @dataclass
 class KeywordConfig(SpeechConfig):
-    dataset: str = "synth"  # synth (espeak-ng, split by voice) | speechcommands (Speech Commands v2 from --data-root)
-    train_per_word: int = 60  # synthesized training utterances per word
-    test_per_word: int = 10  # synthesized held-out-voice test utterances per word
-    limit: int = 0  # at most this many real utterances per split (0 = all)
-    narrowband: float = 0.5  # the real digits are 8 kHz telephone prompts; without this the check reads 0/10
+    dataset: str = param("synth", choices=("synth", "speechcommands"))  # synth (espeak-ng, split by voice) |
+    # speechcommands (Speech Commands v2 from --data-root)
+    train_per_word: int = param(60, ge=1)  # synthesized training utterances per word
+    test_per_word: int = param(10, ge=1)  # synthesized held-out-voice test utterances per word
+    limit: int = param(0, ge=0)  # at most this many real utterances per split (0 = all)
+    narrowband: float = param(0.5, ge=0, le=1)  # the real digits are 8 kHz telephone prompts; without this the
+    # check reads 0/10
 
 
 @dataclass
 class AsrConfig(SpeechConfig):
-    dataset: str = "synth"  # synth (espeak-ng sentences, split by voice) | librispeech (from --data-root)
-    train_sentences: int = 1000
-    test_sentences: int = 100
+    dataset: str = param("synth", choices=("synth", "librispeech"))  # synth (espeak-ng sentences, split by voice) |
+    # librispeech (from --data-root)
+    train_sentences: int = param(1000, ge=1)
+    test_sentences: int = param(100, ge=1)
     train_split: str = "train-clean-100"  # LibriSpeech folders
     test_split: str = "test-clean"
-    limit: int = 0
-    num_layers: int = 3
-    epochs: int = 8
-    perturb_samples: int = 50
+    limit: int = param(0, ge=0)
+    num_layers: int = param(3, ge=1)
+    epochs: int = param(8, ge=1)
+    perturb_samples: int = param(50, ge=0)
 
 
 def _resources():

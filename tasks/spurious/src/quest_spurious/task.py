@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
 from quest_core import Telemetry, summarize
 from quest_spurious.data import ProbeData
@@ -25,27 +26,31 @@ EVAL_SEED = 12345  # one held-out set for every run, so runs are compared on the
 
 @dataclass
 class SpuriousConfig:
-    seq_len: int = 16  # N tokens per sample
-    key_dim: int = 8  # dimension of x^k
-    num_values: int = 8  # C, number of one-hot values (chance = 1/C)
-    signal_dims: int = 4  # how many dims of the unbiased answer token have variance signal_var
-    signal_var: float = 2.0  # Σ = diag(signal_var × signal_dims, 1 × rest)
-    bias_norm: float = 3.0  # ‖b‖ of the shared shortcut mean
-    bias_var: float = 0.1  # biased answer tokens ~ N(b, bias_var · I)
-    p_biased: float = 0.5  # fraction of biased training samples
-    data_seed: int = 0  # fixes b (shared by all runs)
-    head_dim: int = 16
-    hidden: int = 32
-    query_init_norm: float = 1.0  # ‖q‖ at init: QUEST's (and softmax's) initial inverse temperature
-    steps: int = 1500
-    batch_size: int = 128
-    lr: float = 3e-3
-    weight_decay: float = 0.0
+    seq_len: int = param(16, ge=2)  # N tokens per sample
+    key_dim: int = param(8, ge=1)  # dimension of x^k
+    num_values: int = param(8, ge=2)  # C, number of one-hot values (chance = 1/C)
+    signal_dims: int = param(4, ge=0)  # how many dims of the unbiased answer token have variance signal_var
+    signal_var: float = param(2.0, gt=0)  # Σ = diag(signal_var × signal_dims, 1 × rest)
+    bias_norm: float = param(3.0, ge=0)  # ‖b‖ of the shared shortcut mean
+    bias_var: float = param(0.1, gt=0)  # biased answer tokens ~ N(b, bias_var · I)
+    p_biased: float = param(0.5, ge=0, le=1)  # fraction of biased training samples
+    data_seed: int = param(0, ge=0)  # fixes b (shared by all runs)
+    head_dim: int = param(16, ge=1)
+    hidden: int = param(32, ge=1)
+    query_init_norm: float = param(1.0, gt=0)  # ‖q‖ at init: QUEST's (and softmax's) initial inverse temperature
+    steps: int = param(1500, ge=1)
+    batch_size: int = param(128, ge=1)
+    lr: float = param(3e-3, gt=0)
+    weight_decay: float = param(0.0, ge=0)
     decay_query_and_scales: bool = True  # apply weight decay to the query (QUEST's temperature) and qknorm scales
-    warmup_steps: int = 50
-    eval_samples: int = 4000
-    log_every: int = 25
-    success_fraction: float = 0.5  # success: unbiased acc >= floor + success_fraction · (bayes - floor)
+    warmup_steps: int = param(50, ge=0)
+    eval_samples: int = param(4000, ge=1)
+    log_every: int = param(25, ge=1)
+    success_fraction: float = param(0.5, ge=0, le=1)  # success: unbiased acc >= floor + success_fraction · (bayes - floor)
+
+    def __post_init__(self):
+        if self.signal_dims > self.key_dim:
+            raise ValueError(f"signal_dims ({self.signal_dims}) must be <= key_dim ({self.key_dim})")
 
     def data(self) -> ProbeData:
         return ProbeData(self.seq_len, self.key_dim, self.num_values, self.signal_dims, self.signal_var,
@@ -71,7 +76,7 @@ class SpuriousTask(Task):
         model = model.to(device)
         optimizer = make_optimizer(model, cfg)
         schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay
-            optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))
+            optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))
         )
         eval_gen = torch.Generator().manual_seed(EVAL_SEED)
         unbiased = [t.to(device) for t in data.sample(cfg.eval_samples, eval_gen, biased=False)]

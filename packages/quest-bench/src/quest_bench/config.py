@@ -1,0 +1,118 @@
+"""Task configs: typed dataclasses whose fields declare their valid values, checked before anything is written.
+
+A field declares its range with ``param``::
+
+    steps: int = param(1500, ge=1)                          # an integer >= 1
+    lr: float = param(3e-3, gt=0)                           # a float > 0
+    dataset: str = param("digits", choices=("digits", "cifar10"))
+    severities: str = param("1,2,3", items=int, ge=1, le=5)  # a comma list of integers in [1, 5] ("" = none)
+
+``make_config`` applies a preset and ``--set`` overrides, coerces each value to its field's type and checks every
+field; a bad value fails with the key, the value and the valid range. Checks that involve several fields (a width
+divisible by the number of heads) go in the dataclass's ``__post_init__`` and raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+RANGE_KEY = "quest_bench.valid"
+
+
+@dataclass(frozen=True)
+class Valid:
+    """The valid values of one config field: numeric bounds, a set of choices, or a comma list of numbers."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] | None = None
+    items: type | None = None  # the field is a comma-separated list of this type, each item within the bounds
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        bounds = [f"{op} {v:g}" for op, v in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
+                  if v is not None]
+        what = " and ".join(bounds) if bounds else "any value"
+        if self.items is not None:
+            return f'a comma-separated list of {self.items.__name__}s, each {what} ("" for none)'
+        return what
+
+    def accepts_number(self, x: float) -> bool:
+        return (math.isfinite(x) and (self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt)
+                and (self.le is None or x <= self.le) and (self.lt is None or x < self.lt))
+
+    def accepts(self, value: Any) -> bool:
+        if self.choices is not None:
+            return value in self.choices
+        if self.items is not None:
+            try:
+                numbers = [self.items(part) for part in str(value).split(",") if part.strip()]
+            except ValueError:
+                return False
+            return all(self.accepts_number(x) for x in numbers)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True  # strings and flags without choices: any value
+        return self.accepts_number(value)
+
+
+def param(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          lt: float | None = None, choices: tuple[str, ...] | None = None, items: type | None = None):
+    """A config field with its default and valid values (see the module docstring)."""
+    valid = Valid(ge, gt, le, lt, tuple(choices) if choices is not None else None, items)
+    if not valid.accepts(default):
+        raise ValueError(f"default {default!r} is not {valid.describe()}")
+    return dataclasses.field(default=default, metadata={RANGE_KEY: valid})
+
+
+def valid_values(config_class: type, key: str) -> Valid | None:
+    """The declared valid values of a field (None: any value of its type)."""
+    return {f.name: f for f in dataclasses.fields(config_class)}[key].metadata.get(RANGE_KEY)
+
+
+def coerce(value: Any, kind: type, key: str) -> Any:
+    """Turn a --set string or a YAML value into the field's type, or fail with a clear error."""
+    if kind is str:
+        return str(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if kind is bool and text in ("true", "false", "1", "0"):
+            return text in ("true", "1")
+        try:
+            value = int(text) if kind is int else float(text) if kind is float else value
+        except ValueError:
+            pass  # not a number: the type check below reports it
+    ok = (isinstance(value, bool) if kind is bool else
+          isinstance(value, int) and not isinstance(value, bool) if kind is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else True)
+    if not ok:
+        raise ValueError(f"config key {key!r} expects {kind.__name__}, got {value!r}")
+    return float(value) if kind is float else value
+
+
+def make_config(config_class: type, values: dict[str, Any], owner: str) -> Any:
+    """Build ``config_class`` from ``values`` (preset + overrides): unknown keys, wrong types and out-of-range
+    values fail with a ``ValueError`` that names the key, the value and what is valid. ``owner`` names the task."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    defaults = config_class()
+    typed = {}
+    for key, value in values.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{owner} has no config key {key!r}; valid keys: {', '.join(sorted(fields))}.{hint}")
+        typed[key] = coerce(value, type(getattr(defaults, key)), key)
+    for key, value in typed.items():
+        valid = fields[key].metadata.get(RANGE_KEY)
+        if valid is not None and not valid.accepts(value):
+            raise ValueError(f"{owner}: config key {key!r} = {value!r} is out of range; valid: {valid.describe()}")
+    try:
+        return config_class(**typed)
+    except ValueError as err:  # a check across fields in __post_init__
+        raise ValueError(f"{owner}: invalid config: {err}") from None
