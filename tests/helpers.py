@@ -19,8 +19,9 @@ def write_suite(folder: Path, name: str, variants=("softmax", "quest"), seeds=(0
 
 
 def cli_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "QUEST_BENCH_FAULTS")}
-    env.update({"RAY_AUTH_MODE": "disabled", "TQDM_DISABLE": "1", "PATH": f"{BIN}:{env.get('PATH', '')}"}, **extra)
+    """The environment of a fresh shell: no Ray settings (a local sweep sets its own token), no injected faults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "QUEST_BENCH_FAULTS"}
+    env.update({"TQDM_DISABLE": "1", "PATH": f"{BIN}:{env.get('PATH', '')}"}, **extra)
     return env
 
 

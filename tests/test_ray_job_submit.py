@@ -1,6 +1,8 @@
-"""The README's cluster path, `ray job submit --working-dir . -- quest-bench sweep`, against a loopback head."""
+"""The README's cluster path, `ray job submit --working-dir . -- quest-bench sweep`, against a loopback head that
+uses token authentication (the token passed through the environment, as infra/README.md describes)."""
 
 import json
+import secrets
 import socket
 import shutil
 import subprocess
@@ -21,7 +23,7 @@ def free_port() -> int:
 
 
 def test_ray_job_submit_runs_a_sweep_on_a_loopback_cluster(tmp_path):
-    env = cli_env()
+    env = cli_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     gcs_port, dash_port = free_port(), free_port()
     # A short private temp dir (Ray's socket paths must stay under 107 bytes) that names this cluster's processes,
     # so the test stops only them: `ray stop` would kill every Ray instance on the machine.
@@ -51,6 +53,9 @@ def test_ray_job_submit_runs_a_sweep_on_a_loopback_cluster(tmp_path):
                 break
             time.sleep(3)
         assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]
+        no_token = subprocess.run(submit[:2] + ["list", *submit[3:5]], capture_output=True, text=True,
+                                  env=cli_env(), timeout=120, cwd=REPO)
+        assert no_token.returncode != 0 and "Missing authentication token" in no_token.stderr  # Jobs API refuses
         assert "succeeded" in (job.stdout + job.stderr)
         files = sorted((results / "jobsubmit" / "runs").glob("*/result.json"))
         assert [json.loads(f.read_text())["status"] for f in files] == ["ok", "ok"]

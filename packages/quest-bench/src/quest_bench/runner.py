@@ -2,7 +2,9 @@
 
 Test-only fault injection (``QUEST_BENCH_FAULTS``, comma-separated, inherited by Ray workers):
 ``crash_once=PATH`` kills the worker process the first time (creating PATH), so a retry must finish the run;
-``diverge_at_step=N`` turns the loss into NaN from step N, so the run must be recorded as diverged.
+``diverge_at_step=N`` turns the loss into NaN from step N, so the run must be recorded as diverged;
+``raise_for_seed=N`` raises outside the task's run for seed N (a Ray task error, whose traceback must be kept);
+``hang_for_seed=N`` sleeps for an hour before running seed N (a run the sweep's timeout must cancel).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     if "crash_once" in injected and not os.path.exists(injected["crash_once"]):
         Path(injected["crash_once"]).touch()
         os._exit(17)  # a worker that dies: the driver must retry
+    if injected.get("raise_for_seed") == str(spec.seed):
+        raise RuntimeError(f"injected fault outside the run (seed {spec.seed})")
+    if injected.get("hang_for_seed") == str(spec.seed):
+        time.sleep(3600)
     task = get_task(spec.task)
     (Path(out_dir) / "error.txt").unlink(missing_ok=True)  # from an earlier attempt in the same folder
     result = RunResult(
@@ -101,7 +107,7 @@ def environment(device: str) -> dict:
     import torch
 
     return {"packages": versions, "python": platform.python_version(), "host": socket.gethostname(),
-            "device": device, "torch_threads": torch.get_num_threads(), **git_state()}
+            "device": device, "torch_threads": torch.get_num_threads(), "pid": os.getpid(), **git_state()}
 
 
 def git_state() -> dict:

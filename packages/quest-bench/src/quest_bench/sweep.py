@@ -138,29 +138,48 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
     return counts
 
 
+# A local instance: token auth with a fresh token, and Ray's single-machine mode, in which every Ray process (GCS,
+# raylet, workers, agents) binds to 127.0.0.1 instead of all interfaces. Ray reads both from the environment of
+# the driver, which its processes inherit. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is Ray's switch for that mode
+# (the default on macOS and Windows); it is read when ray is imported, hence also set on ray_constants below.
+LOCAL_RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 @contextmanager
 def ray_session(address: str | None, max_retries: int):
-    """Join ``address`` (or RAY_ADDRESS), or start a local Ray instance: bound to 127.0.0.1, token-authenticated
-    with a fresh token that lives only in this process's environment (inherited by Ray's processes; nothing is
-    written to the home folder), OOM retries bounded by ``max_retries``. Yields the ray module."""
-    import ray
-
+    """Join ``address`` (or RAY_ADDRESS; with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN set as that cluster needs),
+    or start a local Ray instance bound to loopback and protected by a fresh token that lives only in the
+    environment of this process and its children (nothing is written to the home folder). Retries of runs killed
+    for memory are bounded by ``max_retries`` (Ray's default is unlimited). Yields the ray module."""
     address = address or os.environ.get("RAY_ADDRESS")
-    if ray.is_initialized():
-        yield ray
-        return
     if address:
+        import ray
+
         ray.init(address=address, log_to_driver=False)
-    else:
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1", _system_config={"task_oom_retries": max_retries},
-                 runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+        return
+    saved = {k: os.environ.get(k) for k in (*LOCAL_RAY_ENV, "RAY_AUTH_TOKEN")}
+    os.environ.update(LOCAL_RAY_ENV, RAY_AUTH_TOKEN=secrets.token_hex(32))
+    import ray
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     try:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 _system_config={"task_oom_retries": max_retries}, runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
         yield ray
     finally:
         ray.shutdown()
+        for key, value in saved.items():  # the token goes with the instance
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR,
+                                                                  not ray_constants.IS_WINDOWS_OR_OSX)
 
 
 def check_feasible(specs: list[RunSpec], nodes: list[dict]) -> None:
@@ -179,13 +198,13 @@ def run_specs(ray, todo: list[RunSpec], store: Store, counts: dict, data_root: s
               run_timeout: float | None, progress: bool) -> None:
     scratch_root = Path(tempfile.mkdtemp(prefix="quest-bench-sweep-"))  # every run's scratch lives under it
     clock = ray.remote(num_cpus=0)(RunClock).remote()
-    remote = ray.remote(run_in_worker)
+    remote = ray.remote(max_calls=1)(run_in_worker)  # a fresh worker process per run (max_calls is not an option)
     pending, timeouts = {}, {}
     for spec in todo:
         task = get_task(spec.task)
         res = task.resources_for(spec.preset)
         device = "cuda" if res.num_gpus > 0 else "cpu"
-        ref = remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=max_retries, max_calls=1,
+        ref = remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=max_retries,
                              name=spec.label()).remote(spec.to_json(), device, data_root, str(scratch_root), clock)
         pending[ref] = spec
         timeouts[spec.run_id] = run_timeout or task.timeout_for(spec.preset)
