@@ -4,6 +4,7 @@ hang in a worker (traceback kept, timeout enforced), one fresh process per run, 
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -101,4 +102,35 @@ def test_errors_hangs_fresh_workers_and_scratch(tmp_path):
     board = quest_bench("leaderboard", "--suite", suite, "--results", results)
     assert board.returncode == 0
     assert board.stderr.count("warning: run ") == 2
+    subprocess.run(["rm", "-rf", str(scratch_tmp)], check=False)
+
+
+def test_infeasible_resources_are_refused_up_front(tmp_path):
+    suite = tmp_path / "gpu.yaml"
+    suite.write_text("name: gpu\ntasks: [image-cls]\nvariants: [quest]\npresets: [paper]\n")
+    proc = quest_bench("sweep", "--suite", suite, "--results", tmp_path / "results")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("quest-bench: error: run image-cls/quest/paper/seed0 needs 10 CPUs and 1 GPUs on one "
+                           "node, but the cluster's nodes have: ")
+    assert not list((tmp_path / "results" / "gpu").glob("runs/*"))
+
+
+def test_ctrl_c_stops_a_sweep_in_one_line_and_cleans_up(tmp_path):
+    suite = write_suite(tmp_path, "sigint", variants=("softmax",), seeds=(0, 1), steps=4000)
+    results = tmp_path / "results"
+    scratch_tmp = Path(tempfile.mkdtemp(prefix="qbt-", dir="/tmp"))
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "quest-bench"), "sweep", "--suite", str(suite),
+                             "--results", str(results)], env=cli_env(TMPDIR=str(scratch_tmp)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(scratch_tmp.glob("quest-bench-sweep-*/*")) and time.time() < deadline:
+        time.sleep(0.5)  # wait until a run is under way
+    assert list(scratch_tmp.glob("quest-bench-sweep-*/*")), "no run started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err
+    assert not list(scratch_tmp.glob("quest-bench-sweep-*"))
+    assert not list(results.glob("sigint/runs/*/result.json"))
     subprocess.run(["rm", "-rf", str(scratch_tmp)], check=False)

@@ -341,3 +341,12 @@ def test_disk_full_and_ctrl_c_end_in_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err
 
+
+
+def test_a_sweep_refuses_to_start_while_another_driver_holds_its_folder(tmp_path):
+    store = Store(tmp_path / "suite")
+    suite = type("S", (), {"name": "suite", "specs": [RunSpec("spurious", "quest", "tiny", 0, {}, "x")]})()
+    with StoreLock(store.lock_path):
+        with pytest.raises(ValueError, match="in use by another sweep driver"):
+            run_sweep(suite, tmp_path)  # refused before Ray starts or anything runs
+    assert not store.runs_dir.exists()

@@ -1,4 +1,4 @@
-"""The two environment fixes mmsegmentation 1.2.2 needs on this stack (see ../shared/notes/stack.md).
+"""The two environment fixes mmsegmentation 1.2.2 needs on this stack (mmcv-lite, torch 2.11 checkpoints).
 
 1. ``mmcv-lite`` (mmcv without compiled ops; full mmcv is a ~45-minute source build) has no ``mmcv._ext``, so
    ``mmcv/ops/__init__.py`` fails to import, and a few mmseg modules import ``mmcv.ops`` unguarded (point
