@@ -1,9 +1,14 @@
-"""Forward+backward time and peak memory of every quest_core variant against F.scaled_dot_product_attention.
+"""Forward+backward time, memory saved for backward and peak memory of every quest_core variant against
+F.scaled_dot_product_attention, in float32 and bfloat16.
 
-    .venv/bin/python benchmarks/attention_speed.py [--device cpu|cuda] [--shapes 8,4,256,64 ...] [--out FILE.md]
+    .venv/bin/python benchmarks/attention_speed.py [--device cpu|cuda] [--dtypes float32 bfloat16]
+                                                   [--shapes 8,4,256,64 ...] [--out FILE.md]
 
 Times are medians over rounds (at least --repeats, and enough for --min-seconds per variant), measured round-robin across variants in one process so that machine drift hits all
-of them alike; ratios are to plain SDPA in the same run. Peak memory: on CUDA, max_memory_allocated; on CPU, the
+of them alike; ratios are to plain SDPA in the same run. Saved for backward: the bytes of the distinct tensor
+storages autograd keeps for the backward pass of one attention call (one layer), counted through
+torch.autograd.graph.saved_tensors_hooks (a tensor saved twice, e.g. by the normalisation and by SDPA, counts once;
+the inputs q, k, v count when saved, as SDPA saves them). Peak memory: on CUDA, max_memory_allocated; on CPU, the
 peak RSS (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess per (shape, variant) during one
 forward+backward, minus its RSS once the inputs exist.
 """
@@ -40,6 +45,22 @@ def make_step(name: str, b: int, h: int, l: int, d: int, device: str, dtype: tor
         out.sum().backward()
 
     return step
+
+
+def saved_bytes(name: str, b: int, h: int, l: int, d: int, device: str, dtype: torch.dtype) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one forward of the variant."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(b, h, l, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+    kernel = None if name == BASELINE else qc.AttentionKernel(name, h, d, device=device, dtype=dtype)
+    storages = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
+    return sum(storages.values())
 
 
 def sync(device: str) -> None:
@@ -96,35 +117,39 @@ def rss_kib(field: str) -> int:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="float32, bfloat16, float16")
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="B,H,L,D")
     parser.add_argument("--repeats", type=int, default=10, help="minimum rounds (round-robin over variants)")
     parser.add_argument("--min-seconds", type=float, default=2.0, help="minimum measured time per variant and shape")
     parser.add_argument("--out", help="also write the Markdown table here")
     args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     names = [BASELINE, *qc.list_variants()]
     machine = (
         torch.cuda.get_device_name() if args.device == "cuda"
         else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
     )
     lines = [
-        f"Forward+backward, {dtype}, {args.device} ({machine}), torch {torch.__version__}, median of ≥ {args.repeats} "
-        f"rounds and ≥ {args.min_seconds:g} s per variant.",
+        f"Forward+backward on {args.device} ({machine}), torch {torch.__version__}, median of ≥ {args.repeats} "
+        f"rounds and ≥ {args.min_seconds:g} s per variant; saved = bytes kept for backward per attention call.",
         "",
-        "| B,H,L,D | variant | time (ms) | time / SDPA | peak mem (MiB) | mem / SDPA |",
-        "|---|---|---|---|---|---|",
+        "| dtype | B,H,L,D | variant | time (ms) | time / SDPA | saved (MiB) | saved / SDPA | peak mem (MiB) | "
+        "peak / SDPA |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for shape_text in args.shapes:
-        shape = tuple(int(x) for x in shape_text.split(","))
-        times = time_all(names, shape, args.device, dtype, args.repeats, args.min_seconds)
-        mems = {n: peak_memory_bytes(n, shape, args.device, dtype) for n in names}
-        for n in names:
-            lines.append(
-                f"| {shape_text} | {n} | {times[n] * 1e3:.2f} | {times[n] / times[BASELINE]:.3f} | "
-                f"{mems[n] / 2**20:.1f} | {mems[n] / max(1, mems[BASELINE]):.3f} |"
-            )
-        print("\n".join(lines[-len(names):]), flush=True)
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        for shape_text in args.shapes:
+            shape = tuple(int(x) for x in shape_text.split(","))
+            times = time_all(names, shape, args.device, dtype, args.repeats, args.min_seconds)
+            saved = {n: saved_bytes(n, *shape, args.device, dtype) for n in names}
+            mems = {n: peak_memory_bytes(n, shape, args.device, dtype) for n in names}
+            for n in names:
+                lines.append(
+                    f"| {dtype_name} | {shape_text} | {n} | {times[n] * 1e3:.2f} | {times[n] / times[BASELINE]:.3f} | "
+                    f"{saved[n] / 2**20:.2f} | {saved[n] / saved[BASELINE]:.3f} | "
+                    f"{mems[n] / 2**20:.1f} | {mems[n] / max(1, mems[BASELINE]):.3f} |"
+                )
+            print("\n".join(lines[-len(names):]), flush=True)
     table = "\n".join(lines)
     print("\n" + table)
     if args.out:

@@ -105,7 +105,8 @@ def test_matches_float64_reference(variant, case, dtype, tol):
     out = kernel(cast(q), cast(k), cast(v), attn_mask=dmask, is_causal=causal)
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
     if variant in FUNCTIONAL:
-        out_fn = qc.attention(cast(q), cast(k), cast(v), variant=variant, attn_mask=dmask, is_causal=causal)
+        out_fn = qc.attention(cast(q), cast(k), cast(v), variant=variant, attn_mask=dmask, is_causal=causal,
+                              enable_gqa=case == "gqa")
         torch.testing.assert_close(out_fn.double(), expected, atol=tol, rtol=tol)
 
 

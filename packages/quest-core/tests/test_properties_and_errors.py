@@ -40,7 +40,7 @@ def test_softmax_changes_when_a_key_is_scaled():  # the invariance test above ca
     q, k, v = rand(1, 1, 4, 8, seed=1), rand(1, 1, 4, 8, seed=2), rand(1, 1, 4, 8, seed=3)
     k_scaled = k.clone()
     k_scaled[:, :, 1] *= 10.0
-    assert not torch.allclose(qc.attention(q, k_scaled, v, "softmax"), qc.attention(q, k, v, "softmax"))
+    assert not torch.allclose(qc.attention(q, k_scaled, v, variant="softmax"), qc.attention(q, k, v, variant="softmax"))
 
 
 @pytest.mark.parametrize("variant", ["qnorm", "qknorm", "qknorm-hs", "qknorm-ds"])
@@ -79,32 +79,51 @@ def test_low_precision_with_huge_norms_gives_no_nan(variant, dtype):
 def test_all_zero_key_has_finite_gradients():
     q, k, v = (rand(1, 1, 3, 4, seed=s).requires_grad_() for s in (12, 13, 14))
     k_zero = k * torch.tensor([0.0, 1.0, 1.0])[None, None, :, None]
-    qc.attention(q, k_zero, v, "quest").sum().backward()
+    qc.attention(q, k_zero, v, variant="quest").sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
 @pytest.mark.parametrize(
-    "make, message",
+    "make, gqa, message",
     [
-        (lambda q: (q[0], q, q, None), "q must be 4-D"),
-        (lambda q: (q, q.double(), q, None), "share one dtype"),
-        (lambda q: (q.long(), q.long(), q.long(), None), "floating-point"),
-        (lambda q: (q, q[..., :3], q, None), "head dims differ"),
-        (lambda q: (q, q, q[:, :, :2], None), "same heads and length"),
-        (lambda q: (q, q[:, :1], q[:, :1], None), None),  # valid GQA
-        (lambda q: (q[:, :1].repeat(1, 3, 1, 1), q, q, None), "multiple of key/value heads"),
-        (lambda q: (q, q, q, torch.ones(5, 5, dtype=torch.bool)), "does not broadcast"),
-        (lambda q: (q, q, q, torch.ones(4, 4, dtype=torch.long)), "must be bool"),
+        (lambda q: (q[0, 0], q[0, 0], q[0, 0], None), False, "at least 3 dims"),
+        (lambda q: (q[0], q, q, None), False, "same number of dims"),
+        (lambda q: (q, q[:1], q[:1], None), False, "leading .batch. dims differ"),
+        (lambda q: (q, q.double(), q, None), False, "share one dtype"),
+        (lambda q: (q.long(), q.long(), q.long(), None), False, "floating-point"),
+        (lambda q: (q, q[..., :3], q, None), False, "head dims differ"),
+        (lambda q: (q, q, q[:, :, :2], None), False, "same heads and length"),
+        (lambda q: (q, q[:, :1], q[:, :1], None), False, "pass enable_gqa=True"),  # GQA only when asked
+        (lambda q: (q, q[:, :1], q[:, :1], None), True, None),  # valid GQA
+        (lambda q: (q[:, :1].repeat(1, 3, 1, 1), q, q, None), True, "multiple of key/value heads"),
+        (lambda q: (q, q, q, torch.ones(5, 5, dtype=torch.bool)), False, "does not broadcast"),
+        (lambda q: (q, q, q, torch.ones(4, 4, dtype=torch.long)), False, "must be bool"),
     ],
 )
-def test_bad_inputs_give_clear_errors(make, message):
+def test_bad_inputs_give_clear_errors(make, gqa, message):
     q = rand(2, 2, 4, 8)
     args = make(q)
     if message is None:
-        assert qc.attention(*args[:3], attn_mask=args[3]).shape == q.shape
+        assert qc.attention(*args[:3], attn_mask=args[3], enable_gqa=gqa).shape == q.shape
         return
     with pytest.raises((ValueError, TypeError), match=message):
-        qc.attention(*args[:3], attn_mask=args[3])
+        qc.attention(*args[:3], attn_mask=args[3], enable_gqa=gqa)
+
+
+def test_sdpa_signature_positional_mask_and_any_leading_dims():
+    """attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, *, variant) as in torch."""
+    q, k, v = rand(2, 3, 2, 5, 8, seed=1), rand(2, 3, 2, 6, 8, seed=2), rand(2, 3, 2, 6, 8, seed=3)
+    mask = torch.rand(5, 6, generator=torch.Generator().manual_seed(4)) > 0.3
+    mask[:, 0] = True
+    for variant in ("softmax", "quest"):
+        ours = qc.attention(q, k, v, mask, 0.0, False, None, False, variant=variant)
+        flat = qc.attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), mask, variant=variant)
+        torch.testing.assert_close(ours.flatten(0, 1), flat)
+    torch.testing.assert_close(qc.attention(q, k, v, mask, variant="softmax"),
+                               torch.nn.functional.scaled_dot_product_attention(q, k, v, mask))
+    q3, k3, v3 = q[0, 0], k[0, 0], v[0, 0]  # (H, L, D): no batch dim
+    torch.testing.assert_close(qc.attention(q3, k3, v3, variant="softmax"),
+                               torch.nn.functional.scaled_dot_product_attention(q3, k3, v3))
 
 
 def test_mask_and_causal_together_is_an_error():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from quest_bench.result import RunResult
 from quest_bench.spec import PRESETS, RunSpec
 
 EPILOG = """examples:
@@ -49,25 +50,22 @@ def cmd_tasks(args) -> int:
 
 def cmd_run(args) -> int:
     from quest_bench.runner import execute, resolve
-    from quest_bench.store import is_finished, unusable_reason
 
     spec = resolve(RunSpec(args.task, args.attention, args.preset, args.seed, parse_sets(args.set)))
     check_device(args.device)
     out = Path(args.out) if args.out else Path("results") / "adhoc" / f"{spec.task}-{spec.variant}-{spec.run_id}"
-    previous = prepare_run_folder(out, spec, args.force)
-    if previous is not None and is_finished(previous):
+    state = prepare_run_folder(out, spec, args.force)
+    if state == "finished":
         print(f"{out} already holds this finished run; nothing to do (--force runs it again)", file=sys.stderr)
-        print_result(previous, out)
+        print_result(RunResult.from_dict(json.loads((out / "result.json").read_text())), out)
         return 0
-    print(f"{'resuming' if previous else 'running'} {spec.label()} -> {out}", file=sys.stderr)
+    print(f"{'resuming' if state == 'resume' else 'running'} {spec.label()} -> {out}", file=sys.stderr)
     (out / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True))
     result = execute(spec, out, device=args.device, data_root=args.data_root, progress=not args.quiet)
     tmp = out / "result.json.tmp"
     tmp.write_text(result.to_json())
     tmp.replace(out / "result.json")
     print_result(result, out)
-    if result.status == "ok" and unusable_reason(result):
-        return 1
     return 0 if result.status != "failed" else 1
 
 
@@ -80,38 +78,34 @@ def check_device(device: str) -> None:
                              "use --device cpu")
 
 
-def prepare_run_folder(out: Path, spec: RunSpec, force: bool):
-    """Make ``out`` ready for ``spec``: a new or empty folder, or the folder of this same spec (returns its earlier
-    result, if any, so a finished run is not repeated); with ``force``, an earlier run folder is emptied. Anything
-    else is refused before a file is written."""
-    from quest_bench.result import RunResult
+def prepare_run_folder(out: Path, spec: RunSpec, force: bool) -> str:
+    """Make ``out`` ready for ``spec`` and say what it holds: "new" (a new or empty folder), "resume" (this same
+    spec, unfinished: run it again), "finished" (this same spec, finished: nothing to do). With ``force``, an earlier
+    run folder (one with a spec.json) is emptied first. Anything else is refused before a file is written."""
+    from quest_bench.store import is_finished
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder")
-    entries = list(out.iterdir()) if out.is_dir() else []
-    if not entries:
+    if not out.is_dir() or not any(out.iterdir()):
         out.mkdir(parents=True, exist_ok=True)
-        return None
-    spec_file = out / "spec.json"
+        return "new"
     try:
-        same = json.loads(spec_file.read_text()).get("run_id") == spec.run_id
+        run_id = json.loads((out / "spec.json").read_text()).get("run_id")
     except (OSError, ValueError, AttributeError):
-        same = None  # no readable spec.json: not a run folder
-    if same and not force:
+        raise ValueError(f"--out {out} is not empty and holds no run (no readable spec.json); choose a new or empty "
+                         "folder") from None
+    if run_id == spec.run_id and not force:
         try:
-            return RunResult.from_dict(json.loads((out / "result.json").read_text()))
+            return "finished" if is_finished(RunResult.from_dict(json.loads((out / "result.json").read_text()))) \
+                else "resume"
         except (OSError, ValueError, TypeError):
-            return RunResult(run_id=spec.run_id, task=spec.task, task_version="", variant=spec.variant,
-                             preset=spec.preset, seed=spec.seed, overrides={}, status="failed")  # unfinished
-    if same is None:
-        raise ValueError(f"--out {out} is not empty and holds no run (no readable spec.json); choose a new or "
-                         "empty folder")
+            return "resume"  # no readable result.json: the run was interrupted
     if not force:
-        raise ValueError(f"--out {out} holds a different run ({spec_file}); choose another folder, or pass --force "
-                         "to replace it")
-    for entry in entries:
+        raise ValueError(f"--out {out} holds a different run ({out / 'spec.json'}); choose another folder, or pass "
+                         "--force to replace it")
+    for entry in out.iterdir():
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    return None
+    return "new"
 
 
 def print_result(result, out: Path) -> None:

@@ -16,34 +16,50 @@ from quest_core.variants import VariantSpec, get_variant
 NORM_EPS = 1e-6  # an all-zero vector normalises to zero instead of NaN
 
 
-class _L2Normalize(torch.autograd.Function):
-    """y = x / max(‖x‖, eps) over the last dim, with a fused backward: dx = (g − y (g·y)) / ‖x‖.
+class _ScaledL2Normalize(torch.autograd.Function):
+    """y = γ ⊙ x / max(‖x‖, eps) over the last dim, with an optional gain γ (shape (1,), (H, 1, 1) or (D,)).
 
-    Same values and gradients as ``F.normalize``, in about half the time on CPU (F.normalize's autograd graph
-    is norm -> clamp -> expand -> div, each with its own backward pass over the tensor).
+    Memory: the norm is reduced in float32 (float64 for float64 inputs), but y is returned in x's dtype and is the
+    only full-size tensor saved: it is also the tensor the fused attention kernel saves, so the two share storage.
+    Backward recovers x/‖x‖ = y / γ from it and the saved per-row inverse norm (4 bytes a row), instead of keeping
+    x, x/‖x‖ or a float32 copy. (A gain with an exact zero would lose x/‖x‖ there: then x/‖x‖ is saved as well.)
+    Gradients: with u = x/‖x‖ and h = γ ⊙ g, dx = (h − u (h·u)) / ‖x‖ (just h/eps where ‖x‖ ≤ eps, where y is
+    linear in x), dγ = Σ g ⊙ u over the dims γ broadcasts along.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
-        norm = x.norm(dim=-1, keepdim=True)
-        active = norm > eps  # where the clamp is active, y = x / eps is linear in x
-        inv = norm.clamp_min(eps).reciprocal()
-        y = x * inv
-        ctx.save_for_backward(y, inv, active)
+    def forward(ctx, x: torch.Tensor, gain: torch.Tensor | None, eps: float) -> torch.Tensor:
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=compute)
+        active = norm > eps  # where the clamp is active, y = γ x / eps is linear in x
+        inv = norm.clamp_min_(eps).reciprocal_()
+        factor = inv if gain is None else inv * gain.to(compute)
+        y = (x * factor).to(x.dtype) if x.dtype == compute else (x.to(compute) * factor).to(x.dtype)
+        keep_u = gain is not None and bool((gain == 0).any())
+        u = (x.to(compute) * inv).to(x.dtype) if keep_u else None
+        ctx.save_for_backward(y, inv, active, gain, u)
         return y
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        y, inv, active = ctx.saved_tensors
-        dot = (g.unsqueeze(-2) @ y.unsqueeze(-1)).squeeze(-1) * active  # (..., 1), no (..., D) temporary
-        dx = y * dot.neg_()  # one (..., D) buffer, updated in place
-        return dx.add_(g).mul_(inv), None
+    def backward(ctx, g: torch.Tensor):
+        y, inv, active, gain, u = ctx.saved_tensors
+        compute = inv.dtype
+        g = g.to(compute)
+        if gain is None:
+            u, h = y.to(compute), g
+        else:
+            gain_c = gain.to(compute)
+            u = u.to(compute) if u is not None else y.to(compute) / gain_c
+            h = g * gain_c
+        dot = (h.unsqueeze(-2) @ u.unsqueeze(-1)).squeeze(-1) * active  # (..., 1), no (..., D) temporary
+        dx = (u * dot.neg_()).add_(h).mul_(inv).to(y.dtype)
+        dgain = (g * u).sum_to_size(gain.shape).to(gain.dtype) if gain is not None and ctx.needs_input_grad[1] else None
+        return dx, dgain, None
 
 
-def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
-    """x / max(‖x‖, eps) over the last dim, computed in float32 (or float64) and cast back."""
-    compute_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return _L2Normalize.apply(x.to(compute_dtype), eps).to(x.dtype)
+def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS, *, gain: torch.Tensor | None = None) -> torch.Tensor:
+    """γ ⊙ x / max(‖x‖, eps) over the last dim (γ = 1 without ``gain``), in x's dtype; the norm in float32."""
+    return _ScaledL2Normalize.apply(x, gain, eps)
 
 
 def transform_qk(
@@ -53,38 +69,53 @@ def transform_qk(
     q_gain: torch.Tensor | None = None,
     k_gain: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply a variant's normalisation and learnable gains (broadcast against (B, H, L, D)) to q and k."""
+    """Apply a variant's normalisation and learnable gains (broadcast against (B, H, L, D)) to q and k; a gain is
+    folded into the normalisation, so each of q̂ and k̂ is one saved tensor."""
     if spec.normalize_q:
-        q_bhld = l2_normalize(q_bhld)
-    if spec.normalize_k:
-        k_bhld = l2_normalize(k_bhld)
-    if q_gain is not None:
+        q_bhld = l2_normalize(q_bhld, gain=q_gain)
+    elif q_gain is not None:
         q_bhld = q_bhld * q_gain.to(q_bhld.dtype)
-    if k_gain is not None:
+    if spec.normalize_k:
+        k_bhld = l2_normalize(k_bhld, gain=k_gain)
+    elif k_gain is not None:
         k_bhld = k_bhld * k_gain.to(k_bhld.dtype)
     return q_bhld, k_bhld
 
 
 def check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
+    enable_gqa: bool = True,
 ) -> None:
-    """Raise a ValueError/TypeError that says what is wrong and what is valid."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    """Raise a ValueError/TypeError that says what is wrong and what is valid.
+
+    Shapes as in ``F.scaled_dot_product_attention``: q (..., Hq, Lq, D), k (..., Hkv, Lk, D), v (..., Hkv, Lk, Dv)
+    with the same leading dims; Hq ≠ Hkv (grouped-query attention) only with ``enable_gqa``.
+    """
+    for name, t in (("query", q), ("key", k), ("value", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, length, head_dim); got shape {tuple(t.shape)}")
+        if t.dim() < 3:
+            raise ValueError(f"{name} must have at least 3 dims (..., heads, length, head_dim); got shape "
+                             f"{tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    (b, hq, lq, d), (bk, hk, lk, dk), (bv, hv, lv, _) = q.shape, k.shape, v.shape
-    if not (b == bk == bv):
-        raise ValueError(f"batch sizes differ: q {b}, k {bk}, v {bv}")
+        raise TypeError(f"query, key, value must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.dim() == k.dim() == v.dim()):
+        raise ValueError(f"query, key, value must have the same number of dims; got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+        raise ValueError(f"leading (batch) dims differ: query {tuple(q.shape[:-3])}, key {tuple(k.shape[:-3])}, "
+                         f"value {tuple(v.shape[:-3])}")
+    (hq, lq, d), (hk, lk, dk), (hv, lv, _) = q.shape[-3:], k.shape[-3:], v.shape[-3:]
     if d != dk:
-        raise ValueError(f"q and k head dims differ: {d} vs {dk}")
+        raise ValueError(f"query and key head dims differ: {d} vs {dk}")
     if (hk, lk) != (hv, lv):
-        raise ValueError(f"k and v must have the same heads and length; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(f"key and value must have the same heads and length; got key {tuple(k.shape)}, "
+                         f"value {tuple(v.shape)}")
+    if hq != hk and not enable_gqa:
+        raise ValueError(f"query has {hq} heads but key/value have {hk}: pass enable_gqa=True for grouped-query "
+                         "attention (as in F.scaled_dot_product_attention)")
     if hq % hk != 0:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) for grouped-query attention")
     if attn_mask is not None:
@@ -92,11 +123,12 @@ def check_inputs(
             raise ValueError("pass attn_mask or is_causal=True, not both (fold the causal mask into attn_mask)")
         if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
             raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to logits), got {attn_mask.dtype}")
+        target = (*q.shape[:-3], hq, lq, lk)
         try:
-            torch.broadcast_shapes(attn_mask.shape, (b, hq, lq, lk))
+            torch.broadcast_shapes(attn_mask.shape, target)
         except RuntimeError:
             raise ValueError(
-                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, Lq, Lk) = {(b, hq, lq, lk)}"
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., H, Lq, Lk) = {target}"
             ) from None
 
 
@@ -109,10 +141,11 @@ def sdpa(
     is_causal: bool = False,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """One fused SDPA call with an explicit scale; float masks are cast to the query dtype."""
+    """One fused SDPA call with an explicit scale; float masks are cast to the query dtype. Rows whose every key
+    is masked give 0 (SDPA's fused kernels already do; the explicit path is made to agree)."""
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         attn_mask = attn_mask.to(q_bhld.dtype)
-    enable_gqa = q_bhld.shape[1] != k_bhld.shape[1]
+    enable_gqa = q_bhld.shape[-3] != k_bhld.shape[-3]
     return F.scaled_dot_product_attention(
         q_bhld, k_bhld, v_bhld, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa,
@@ -120,20 +153,23 @@ def sdpa(
 
 
 def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    variant: str = "quest",
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    variant: str = "quest",
 ) -> torch.Tensor:
-    """Attention with a parameter-free variant, as a drop-in for ``F.scaled_dot_product_attention``.
+    """Attention with a parameter-free variant: ``F.scaled_dot_product_attention``'s signature and semantics
+    (any leading dims, bool or float masks, causal, grouped-query attention only with ``enable_gqa``) plus
+    ``variant=``.
 
     ``scale=None`` is the variant's own default (1/sqrt(D) for softmax, 1 for quest and qnorm). Variants with
-    learnable scales (qknorm, qknorm-hs, qknorm-ds) own parameters: use ``quest_core.AttentionKernel`` or the
-    modules built on it.
+    learnable parameters own them: use ``quest_core.AttentionKernel`` or the modules built on it.
     """
     spec = get_variant(variant)
     if not spec.is_parameter_free:
@@ -142,10 +178,10 @@ def attention(
             "quest_core.SelfAttention or quest_core.MultiheadAttention (functional variants: "
             "softmax, quest, qnorm)"
         )
-    check_inputs(q, k, v, attn_mask, is_causal)
-    q, k = transform_qk(spec, q, k)
-    scale = spec.default_scale(q.shape[-1]) if scale is None else scale
-    return sdpa(q, k, v, scale, attn_mask, is_causal, dropout_p)
+    check_inputs(query, key, value, attn_mask, is_causal, enable_gqa)
+    query, key = transform_qk(spec, query, key)
+    scale = spec.default_scale(query.shape[-1]) if scale is None else scale
+    return sdpa(query, key, value, scale, attn_mask, is_causal, dropout_p)
 
 
 def additive_mask(
@@ -171,11 +207,20 @@ def attention_probs(
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
 ) -> torch.Tensor:
-    """The (B, H, Lq, Lk) attention matrix of already-transformed q and k (materialised: for need_weights)."""
-    if k_bhld.shape[1] != q_bhld.shape[1]:
-        k_bhld = k_bhld.repeat_interleave(q_bhld.shape[1] // k_bhld.shape[1], dim=1)
-    logits = (q_bhld @ k_bhld.transpose(-2, -1)) * scale
+    """The (..., H, Lq, Lk) attention matrix of already-transformed q and k (materialised: for need_weights).
+
+    Logits are computed in float32 for half-precision inputs (scale applied before the product can overflow);
+    the probabilities come back in the input dtype. A row whose every key is masked gets zeros, as the fused
+    kernel's output does, not NaN.
+    """
+    if k_bhld.shape[-3] != q_bhld.shape[-3]:
+        k_bhld = k_bhld.repeat_interleave(q_bhld.shape[-3] // k_bhld.shape[-3], dim=-3)
+    compute = torch.float64 if q_bhld.dtype == torch.float64 else torch.float32
+    logits = (q_bhld.to(compute) * scale) @ k_bhld.to(compute).transpose(-2, -1)
     mask = additive_mask(attn_mask, is_causal, q_bhld.shape[-2], k_bhld.shape[-2], logits.dtype, logits.device)
     if mask is not None:
         logits = logits + mask
-    return logits.softmax(dim=-1)
+    probs = logits.softmax(dim=-1)
+    if mask is not None:
+        probs = probs.masked_fill(torch.isneginf(logits.amax(dim=-1, keepdim=True)), 0.0)
+    return probs.to(q_bhld.dtype)

@@ -23,7 +23,7 @@ class LmConfig:
     dataset: str = param("wikitext-mini", choices=("wikitext-mini", "wikitext-2", "wikitext-103"))  # wikitext-mini
     # ships; the others are read from --data-root
     tokenizer: str = param("word", choices=("word", "bpe"))  # word (WikiText's own vocabulary) | bpe (trained on train)
-    bpe_vocab: int = param(8000, ge=260)
+    bpe_vocab: int = param(8000, ge=2)  # BPE merges stop at this vocabulary size (the characters come first)
     context: int = param(64, ge=2)  # tokens per training window and per evaluation window
     dim: int = param(128, ge=1)
     depth: int = param(2, ge=1)

@@ -1,0 +1,83 @@
+"""Memory saved for backward (parity with SDPA), half-precision need_weights, fully masked rows, folded gains."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import quest_core as qc
+from quest_core import AttentionKernel
+from quest_core.functional import l2_normalize
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def saved_storage_bytes(fn) -> int:
+    """Bytes of the distinct storages autograd keeps for backward while ``fn`` runs (a structural count)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("variant", qc.list_variants())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saved_for_backward_is_within_10_percent_of_sdpa(variant, dtype):
+    q, k, v = (rand(2, 4, 64, 32, dtype=dtype, seed=s).requires_grad_() for s in range(3))
+    kernel = AttentionKernel(variant, 4, 32, dtype=dtype)
+    ours = saved_storage_bytes(lambda: kernel(q, k, v))
+    base = saved_storage_bytes(lambda: F.scaled_dot_product_attention(q, k, v))
+    assert ours <= 1.10 * base, f"{variant}: {ours / base:.2f}x SDPA's saved bytes"
+
+
+@pytest.mark.parametrize("shape", [(1,), (3, 1, 1), (8,)])
+def test_folded_gain_matches_autograd_of_the_unfolded_formula(shape):
+    x = rand(2, 3, 5, 8, dtype=torch.float64, seed=1).requires_grad_()
+    gain = (rand(*shape, dtype=torch.float64, seed=2) + 2).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, g: l2_normalize(a, gain=g), (x, gain))
+    gain_zero = gain.detach().clone()
+    gain_zero.view(-1)[0] = 0.0  # x/‖x‖ cannot be recovered from y there: the fallback path keeps it
+    assert torch.autograd.gradcheck(lambda a, g: l2_normalize(a, gain=g), (x, gain_zero.requires_grad_()))
+
+
+@pytest.mark.parametrize("variant", ["quest", "qknorm-hs", "qknorm-ds"])
+def test_bfloat16_gradients_follow_the_float32_ones(variant):
+    q, k, v = (rand(2, 2, 16, 32, seed=s) * 3 for s in (3, 4, 5))
+    grads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        kernel = AttentionKernel(variant, 2, 32, dtype=dtype)
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        kernel(*leaves).square().sum().backward()
+        grads[dtype] = [t.grad.float() for t in leaves]
+    for ours, ref in zip(grads[torch.bfloat16], grads[torch.float32]):
+        assert (ours - ref).norm() / ref.norm() < 0.05
+
+
+def test_need_weights_in_float16_does_not_overflow_where_torch_does_not():
+    q, k, v = rand(1, 2, 4, 64, seed=6) * 40, rand(1, 2, 4, 64, seed=7) * 40, rand(1, 2, 4, 64, seed=8)
+    q[..., :] = q.abs()  # q·k ≈ 64 · 1600 > 65504 (fp16 max) before the 1/8 scale, not after
+    k[..., :] = k.abs()
+    kernel = AttentionKernel("softmax", 2, 64, dtype=torch.float16)
+    out, probs = kernel(q.half(), k.half(), v.half(), need_weights=True)
+    assert torch.isfinite(out).all() and torch.isfinite(probs).all()
+    torch.testing.assert_close(out.float(), F.scaled_dot_product_attention(q, k, v), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("variant", qc.list_variants())
+def test_a_fully_masked_row_gives_zero_in_both_paths(variant):
+    q, k, v = rand(1, 2, 3, 8, seed=9), rand(1, 2, 4, 8, seed=10), rand(1, 2, 4, 8, seed=11)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1] = False  # query 1 may attend to nothing
+    kernel = AttentionKernel(variant, 2, 8)
+    fused = kernel(q, k, v, attn_mask=mask)
+    explicit, probs = kernel(q, k, v, attn_mask=mask, need_weights=True)
+    for out in (fused, explicit):
+        assert torch.isfinite(out).all() and (out[:, :, 1] == 0).all()
+    assert (probs[:, :, 1] == 0).all()
+    torch.testing.assert_close(explicit, fused)
