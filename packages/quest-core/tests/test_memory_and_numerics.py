@@ -81,3 +81,29 @@ def test_a_fully_masked_row_gives_zero_in_both_paths(variant):
         assert torch.isfinite(out).all() and (out[:, :, 1] == 0).all()
     assert (probs[:, :, 1] == 0).all()
     torch.testing.assert_close(explicit, fused)
+
+
+@pytest.mark.parametrize("variant", ["qknorm", "qknorm-hs", "qknorm-ds"])
+def test_a_checkpoint_without_gains_loads_strictly_with_their_init(variant):
+    from torch import nn
+
+    torch.manual_seed(0)
+    plain = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    state = plain.state_dict()
+    swapped = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    qc.swap_attention(swapped, variant)
+    fresh = {k: v.clone() for k, v in swapped.state_dict().items() if "gain" in k}
+    for p in swapped.parameters():
+        p.data.add_(1.0)  # trained away from the init
+    swapped.load_state_dict(state, strict=True)
+    for name, value in fresh.items():
+        torch.testing.assert_close(swapped.state_dict()[name], value)
+    assert all(torch.equal(swapped.state_dict()[k], v) for k, v in state.items())
+
+
+def test_gains_for_other_heads_or_dims_fail_clearly():
+    kernel = AttentionKernel("qknorm-hs", 4, 8)
+    q = rand(1, 2, 3, 8)
+    with pytest.raises(ValueError, match=r"gains for 4 heads of dim 8, but the query has 2 heads of dim 8"):
+        kernel(q, q, q)
+    AttentionKernel("quest", 4, 8)(q, q, q)  # no gains: any heads and dims

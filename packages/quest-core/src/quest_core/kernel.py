@@ -19,6 +19,11 @@ class AttentionKernel(nn.Module):
     ``qknorm``: ``q_gain`` (1,); ``qknorm-hs``: ``q_gain`` (H, 1, 1); ``qknorm-ds``: ``q_gain`` and
     ``k_gain`` (D,). ``qk_scale_init`` overrides the initial value of the qknorm/qknorm-hs scale
     (default sqrt(D); Henry et al.'s is ``quest_core.henry_scale_init(seq_len)``).
+
+    Loading a state dict that has no gains (a checkpoint of the model before ``swap_attention``, or of a
+    parameter-free variant) fills them with their initial values, so ``load_state_dict(strict=True)`` works and
+    the swapped model starts where a fresh one would. Gains whose shape does not fit this kernel's heads or head
+    dim fail with a clear error.
     """
 
     def __init__(
@@ -43,6 +48,21 @@ class AttentionKernel(nn.Module):
         elif self.spec.learnable == "dim":
             self.q_gain = nn.Parameter(torch.ones(head_dim, **factory))
             self.k_gain = nn.Parameter(torch.ones(head_dim, **factory))
+        self._gain_init = {name: p.detach().clone() for name, p in self.named_parameters(recurse=False)}
+        self.register_load_state_dict_pre_hook(_fill_missing_gains)
+
+    def gains(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(q_gain, k_gain), each None where the variant has none."""
+        return getattr(self, "q_gain", None), getattr(self, "k_gain", None)
+
+    def check_shapes(self, q_bhld: torch.Tensor) -> None:
+        """The gains broadcast against (B, H, L, D) only if the input has this kernel's heads and head dim."""
+        if self._gain_init and (q_bhld.shape[-3], q_bhld.shape[-1]) != (self.num_heads, self.head_dim):
+            raise ValueError(
+                f"variant {self.variant!r} has gains for {self.num_heads} heads of dim {self.head_dim}, but the "
+                f"query has {q_bhld.shape[-3]} heads of dim {q_bhld.shape[-1]} (shape {tuple(q_bhld.shape)}); "
+                "build the kernel with the model's num_heads and head_dim"
+            )
 
     @property
     def variant(self) -> str:
@@ -56,9 +76,8 @@ class AttentionKernel(nn.Module):
         is_causal: bool = False, scale: float | None = None,
     ) -> torch.Tensor:
         """The (B, H, Lq, Lk) attention matrix this kernel uses for q and k (materialised: for figures)."""
-        q_bhld, k_bhld = transform_qk(
-            self.spec, q_bhld, k_bhld, getattr(self, "q_gain", None), getattr(self, "k_gain", None)
-        )
+        self.check_shapes(q_bhld)
+        q_bhld, k_bhld = transform_qk(self.spec, q_bhld, k_bhld, *self.gains())
         scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
         return attention_probs(q_bhld, k_bhld, scale, attn_mask, is_causal)
 
@@ -79,10 +98,9 @@ class AttentionKernel(nn.Module):
         otherwise the call is one fused SDPA kernel.
         """
         check_inputs(q_bhld, k_bhld, v_bhld, attn_mask, is_causal)
+        self.check_shapes(q_bhld)
         q_raw, k_raw = q_bhld, k_bhld
-        q_bhld, k_bhld = transform_qk(
-            self.spec, q_bhld, k_bhld, getattr(self, "q_gain", None), getattr(self, "k_gain", None)
-        )
+        q_bhld, k_bhld = transform_qk(self.spec, q_bhld, k_bhld, *self.gains())
         scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
         if self.telemetry is not None:
             self.telemetry.update(
@@ -97,3 +115,9 @@ class AttentionKernel(nn.Module):
         if v_bhld.shape[1] != probs.shape[1]:
             v_bhld = v_bhld.repeat_interleave(probs.shape[1] // v_bhld.shape[1], dim=1)
         return dropped @ v_bhld, probs
+
+
+def _fill_missing_gains(module: AttentionKernel, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook: gains absent from ``state_dict`` are loaded as their initial values."""
+    for name, init in module._gain_init.items():
+        state_dict.setdefault(prefix + name, init.clone())

@@ -3,7 +3,10 @@
 The paper's instability mechanism is coupled growth of ‖q‖ and ‖k‖: logits explode and attention entropy
 collapses. ``Telemetry`` watches exactly that. It costs nothing when off (one ``is None`` check per call).
 When on, the logits are recomputed from the transformed q and k in chunks of query rows, so memory stays
-O(chunk × Lk) rather than O(Lq × Lk); ``max_queries`` subsamples query rows (evenly spaced) to bound the cost.
+O(chunk × Lk) rather than O(Lq × Lk): a chunk holds at most 2^22 logits (16 MiB in float32), and the statistics need
+at most three such buffers at once (logits, probabilities, entropy terms), so telemetry adds at most ~48 MiB beyond
+a copy of q and k in float32. ``max_queries`` subsamples query rows (evenly spaced) to bound the cost. Everything is
+reduced on the device and read back once per call.
 
     with Telemetry(model) as tel:
         model(x)
@@ -35,40 +38,46 @@ def attention_stats(
     is_causal: bool = False,
     max_queries: int | None = None,
 ) -> dict[str, float]:
-    """Norms of the raw q, k; max logit and mean entropy of softmax(scale · q̂ k̂ᵀ + mask), for one call."""
-    q_norm, k_norm = q_raw.float().norm(dim=-1), k_raw.float().norm(dim=-1)
+    """Norms of the raw q, k; max logit and mean entropy of softmax(scale · q̂ k̂ᵀ + mask), for one call.
+    Fully masked query rows are left out of the entropy."""
+    q_norm, k_norm = _row_norms(q_raw), _row_norms(k_raw)
     b, h, lq, _ = q_bhld.shape
     lk = k_bhld.shape[-2]
     if k_bhld.shape[1] != h:
         k_bhld = k_bhld.repeat_interleave(h // k_bhld.shape[1], dim=1)
-    rows = torch.arange(lq, device=q_bhld.device)
+    rows = None  # all query rows, taken as slices (no index tensors, no copies)
     if max_queries is not None and lq > max_queries:
         rows = torch.linspace(0, lq - 1, max_queries, device=q_bhld.device).round().long()
+    n_rows = lq if rows is None else len(rows)
     chunk = max(1, _CHUNK_ELEMENTS // max(1, b * h * lk))
-    max_logit, entropy_sum, entropy_rows = -math.inf, 0.0, 0
     k_t = k_bhld.float().transpose(-2, -1)
-    for start in range(0, len(rows), chunk):
-        idx = rows[start : start + chunk]
-        logits = (q_bhld[:, :, idx].float() @ k_t) * scale
+    max_logit = torch.full((), -math.inf, device=q_bhld.device)
+    entropy_sum = torch.zeros((), device=q_bhld.device)
+    entropy_rows = torch.zeros((), device=q_bhld.device)
+    for start in range(0, n_rows, chunk):
+        stop = min(n_rows, start + chunk)
+        idx = torch.arange(start, stop, device=q_bhld.device) if rows is None else rows[start:stop]
+        q_rows = q_bhld[:, :, start:stop] if rows is None else q_bhld[:, :, idx]
+        logits = (q_rows.float() @ k_t).mul_(scale)
         mask = _rows_of_mask(attn_mask, is_causal, idx, lq, lk, logits)
         if mask is not None:
-            logits = logits + mask
-        allowed = torch.isfinite(logits)
-        if allowed.any():
-            max_logit = max(max_logit, logits[allowed].max().item())
+            logits.add_(mask)
+        row_max = logits.amax(dim=-1)
+        max_logit = torch.maximum(max_logit, row_max.amax())
+        valid = row_max > -math.inf  # rows with at least one allowed key
         probs = logits.softmax(dim=-1)
-        entropy = -torch.where(probs > 0, probs * probs.clamp_min(1e-30).log(), torch.zeros_like(probs)).sum(-1)
-        valid = allowed.any(dim=-1)  # skip fully masked rows
-        entropy_sum += entropy[valid].sum().item()
-        entropy_rows += int(valid.sum().item())
-    return {
-        "q_norm_mean": q_norm.mean().item(),
-        "q_norm_max": q_norm.max().item(),
-        "k_norm_mean": k_norm.mean().item(),
-        "k_norm_max": k_norm.max().item(),
-        "max_logit": max_logit,
-        "entropy_mean": entropy_sum / max(1, entropy_rows),
-    }
+        del logits
+        entropy = -torch.special.xlogy(probs, probs).sum(dim=-1)
+        entropy_sum += entropy.masked_fill(~valid, 0.0).sum()
+        entropy_rows += valid.sum()
+    stats = torch.stack([q_norm.mean(), q_norm.amax(), k_norm.mean(), k_norm.amax(), max_logit,
+                         entropy_sum / entropy_rows.clamp_min(1)]).tolist()
+    return dict(zip(STAT_NAMES, stats))
+
+
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    """L2 norms over the last dim, reduced in float32 (float64 for float64 inputs) without a converted copy."""
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
 
 
 def _rows_of_mask(
