@@ -182,9 +182,59 @@ def test_swap_reports_what_it_cannot_convert():
             return x
 
     model = nn.Sequential(MyAttention(), nn.MultiheadAttention(8, 2))
-    report = qc.swap_attention(model, "quest")
+    with pytest.warns(UserWarning, match=r"left 1 attention module\(s\) unconverted: 0 \(MyAttention\)"):
+        report = qc.swap_attention(model, "quest")
     assert report.swapped == [("1", "MultiheadAttention")]
     assert report.left[0][:2] == ("0", "MyAttention") and "no swap rule" in report.left[0][2]
+    strict_model = nn.Sequential(MyAttention(), nn.MultiheadAttention(8, 2))
+    with pytest.raises(ValueError, match="unconverted: 0 \\(MyAttention\\)"):
+        qc.swap_attention(strict_model, "quest", strict=True)
+    assert type(strict_model[1]) is nn.MultiheadAttention  # refused before anything changed
+
+
+def timm_swin():
+    from timm.models.swin_transformer import SwinTransformer
+
+    torch.manual_seed(0)
+    model = SwinTransformer(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=(2, 1), num_heads=(2, 4),
+                            num_classes=5).eval()
+    return model, rand(2, 3, 32, 32)
+
+
+def timm_eva():
+    from timm.models.eva import Eva
+
+    torch.manual_seed(0)
+    model = Eva(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5, use_rot_pos_emb=True,
+                qkv_fused=False, swiglu_mlp=True).eval()
+    return model, rand(2, 3, 32, 32)
+
+
+@pytest.mark.parametrize("host", [timm_swin, timm_eva])
+def test_swin_and_eva_attention_are_swapped_keeping_outputs(host):
+    model, x = host()
+    with torch.no_grad():
+        before = model(x)
+    report = qc.swap_attention(model, "softmax", strict=True)
+    assert len(report.swapped) == (3 if host is timm_swin else 2) and not report.left
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before, atol=1e-5, rtol=1e-5)  # shifted windows and rope included
+    qc.swap_attention(model, "quest")
+    with torch.no_grad():
+        assert not torch.allclose(model(x), before, atol=0.0, rtol=1e-3)
+    qc.swap_attention(model, "qknorm-hs")  # re-swapping renames the class and trains
+    attn = next(m for m in model.modules() if hasattr(m, "kernel"))
+    assert type(attn).__name__.endswith("_qknorm_hs") and attn.kernel.variant == "qknorm-hs"
+    model.train()
+    model(x).square().mean().backward()
+    assert attn.kernel.q_gain.grad is not None
+
+
+def test_reswapped_timm_vit_layers_get_the_new_class():
+    model, _ = timm_vit()
+    qc.swap_attention(model, "quest")
+    qc.swap_attention(model, "qknorm")
+    assert type(model.blocks[0].attn) is qc.timm_attn_layer("qknorm")
 
 
 def test_timm_attn_layer_builds_a_quest_vit():

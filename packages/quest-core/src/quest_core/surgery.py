@@ -3,13 +3,19 @@
 Supported hosts (more come with their domain packages):
 - ``torch.nn.MultiheadAttention`` (torchvision ViT, torchaudio Conformer, nn.Transformer*, PyG's GPSConv, and
   mmcv's ``MultiheadAttention`` wrapper that mmsegmentation's ViT and Segmenter head use, ...);
-- timm's ``Attention`` (timm ViT, DeiT, ...), exact class only: subclasses change the forward;
-- modules already built from quest_core: their variant is changed (learnable scales start fresh).
+- timm's ``Attention`` (timm ViT, DeiT, ...), Swin's ``WindowAttention`` and EVA's ``EvaAttention``, exact classes
+  only (subclasses change the forward; see ``quest_core.timm_layers``);
+- modules already built from quest_core: their variant is changed (learnable scales start fresh; converted timm
+  modules also get the new variant's class).
+
+Modules that look like attention (``attention`` or ``attn`` in the class name) but have no rule are listed in the
+report; ``swap_attention`` warns about them, or with ``strict=True`` raises before changing anything.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -36,49 +42,71 @@ class SwapReport:
         return "\n".join(lines)
 
 
-def _timm_attention_class():
+def _timm_layers():
     if "timm" not in sys.modules:  # a model cannot hold timm modules if timm was never imported
         return None
-    from timm.layers import Attention
+    from quest_core import timm_layers
 
-    return Attention
+    return timm_layers
 
 
-def swap_attention(model: nn.Module, variant: str, qk_scale_init: float | None = None) -> SwapReport:
+SUPPORTED = "nn.MultiheadAttention, timm Attention, Swin WindowAttention, EVA EvaAttention"
+
+
+def swap_attention(model: nn.Module, variant: str, qk_scale_init: float | None = None,
+                   strict: bool = False) -> SwapReport:
     """Convert every supported attention module of ``model`` to ``variant`` in place; return a report.
 
-    With ``variant="softmax"`` the converted model computes what it computed before.
+    With ``variant="softmax"`` the converted model computes what it computed before. Attention-like modules that
+    cannot be converted give a warning, or with ``strict=True`` a ValueError before anything is changed.
     """
     spec = get_variant(variant)
     report = SwapReport(spec.name)
-    timm_attention = _timm_attention_class()
-    for path, module in list(model.named_modules()):
-        kernel = getattr(module, "kernel", None)
-        if isinstance(kernel, AttentionKernel):
+    timm = _timm_layers()
+    plan = []
+    for path, module in model.named_modules():
+        if timm is not None and timm.quest_base(module) is not None:
+            plan.append((path, module, "timm"))
+        elif isinstance(getattr(module, "kernel", None), AttentionKernel):
+            plan.append((path, module, "kernel"))
+        elif isinstance(module, nn.MultiheadAttention):
+            plan.append((path, module, "mha"))
+    report.swapped = [(path, type(module).__name__) for path, module, _ in plan]
+    report.left = unconverted(model, [p for p, _ in report.swapped])
+    if report.left:
+        message = (f"swap_attention left {len(report.left)} attention module(s) unconverted: "
+                   + ", ".join(f"{p or '<root>'} ({c})" for p, c, _ in report.left) + f"; supported: {SUPPORTED}")
+        if strict:
+            raise ValueError(message)
+        warnings.warn(message, stacklevel=2)
+    for path, module, kind in plan:
+        if kind == "timm":
+            timm.convert(module, spec.name, qk_scale_init)
+        elif kind == "kernel":
             module.kernel = AttentionKernel(
-                spec.name, kernel.num_heads, kernel.head_dim, qk_scale_init,
+                spec.name, module.kernel.num_heads, module.kernel.head_dim, qk_scale_init,
                 device=next(module.parameters()).device, dtype=next(module.parameters()).dtype,
             )
-            report.swapped.append((path, type(module).__name__))
-        elif isinstance(module, nn.MultiheadAttention):
-            report.swapped.append((path, type(module).__name__))
+        else:
             MultiheadAttention.convert(module, spec.name, qk_scale_init)
-        elif timm_attention is not None and type(module) is timm_attention:
-            from quest_core import timm_layers
-
-            report.swapped.append((path, "timm.Attention"))
-            timm_layers.convert(module, spec.name, qk_scale_init)
+    for path, module in model.named_modules():
         if isinstance(module, nn.TransformerEncoder) and getattr(module, "use_nested_tensor", False):
             module.use_nested_tensor = False
             report.notes.append(f"{path or '<root>'}: turned off nn.TransformerEncoder's nested-tensor fast path")
+    return report
 
-    swapped_paths = [p for p, _ in report.swapped]
+
+def unconverted(model: nn.Module, swapped_paths: list[str]) -> list[tuple[str, str, str]]:
+    """Attention-like modules (by class name) that are neither swapped nor inside or around a swapped one."""
+    left = []
     for path, module in model.named_modules():
         name = type(module).__name__
-        if "attention" not in name.lower() or isinstance(module, AttentionKernel) or path in swapped_paths:
+        if not ("attention" in name.lower() or "attn" in name.lower()) or isinstance(module, AttentionKernel):
             continue
         prefix = path + "." if path else ""
-        if any(p.startswith(prefix) for p in swapped_paths):
-            continue  # a wrapper whose attention inside was swapped
-        report.left.append((path, name, "no swap rule for this class (supported: nn.MultiheadAttention, timm Attention)"))
-    return report
+        if path in swapped_paths or any(p.startswith(prefix) for p in swapped_paths):
+            continue  # swapped, or a wrapper whose attention inside was swapped
+        if any(path.startswith(p + ".") for p in swapped_paths):
+            continue  # a part of a swapped module
+        left.append((path, name, f"no swap rule for this class (supported: {SUPPORTED})"))
+    return left
