@@ -9,24 +9,34 @@ import quest_core as qc
 from quest_core import AttentionKernel
 
 VARIANTS = qc.list_variants()
-FUNCTIONAL = ["softmax", "quest", "qnorm"]
+FUNCTIONAL = [v for v in VARIANTS if qc.get_variant(v).is_parameter_free]
 
 
-def reference(q, k, v, variant, attn_mask=None, is_causal=False, scale=None, q_gain=None, k_gain=None):
-    """softmax(scale · q̂ k̂ᵀ + mask) v in float64, straight from the table in quest_core.variants."""
+def side_reference(x, side, params):
+    """One side of a variant in float64, from its declaration (which norm, which gain, which bias) and the textbook
+    formulas written out here: x/sqrt(Σx²), (x − mean)/sqrt(var + eps), gain · x̂ + bias."""
+    if side.norm == "l2":
+        x = x / torch.sqrt((x * x).sum(-1, keepdim=True))
+    elif side.norm == "layernorm":
+        centred = x - x.mean(-1, keepdim=True)
+        x = centred / torch.sqrt((centred * centred).mean(-1, keepdim=True) + 1e-6)
+    if side.gain:
+        gain = params[side.gain].double()
+        x = x * (side.gain_fn(gain) if side.gain_fn else gain)
+    if side.bias:
+        x = x + params[side.bias].double()
+    return x
+
+
+def reference(q, k, v, variant, attn_mask=None, is_causal=False, scale=None, params=None):
+    """softmax(scale · q̂ k̂ᵀ + mask) v in float64: q̂, k̂ from the declaration (side_reference), the rest written
+    out with einsum and an explicit, max-shifted softmax."""
+    spec = qc.get_variant(variant)
     q, k, v = q.double(), k.double(), v.double()
     d = q.shape[-1]
-    unit = lambda x: x / torch.sqrt((x * x).sum(-1, keepdim=True))  # noqa: E731
-    if variant in ("qnorm", "qknorm", "qknorm-hs", "qknorm-ds"):
-        q = unit(q)
-    if variant in ("quest", "qknorm", "qknorm-hs", "qknorm-ds"):
-        k = unit(k)
-    if q_gain is not None:
-        q = q * q_gain.double()
-    if k_gain is not None:
-        k = k * k_gain.double()
+    q, k = side_reference(q, spec.q, params or {}), side_reference(k, spec.k, params or {})
     if scale is None:
-        scale = {"softmax": 1 / math.sqrt(d), "qknorm-ds": math.sqrt(d)}.get(variant, 1.0)
+        scale = {"inv_sqrt_d": 1 / math.sqrt(d), "one": 1.0, "sqrt_d": math.sqrt(d)}[spec.scale_rule]
     group = q.shape[1] // k.shape[1]  # grouped-query attention: query head h reads kv head h // group
     kv_head = torch.arange(q.shape[1]) // group
     k, v = k[:, kv_head], v[:, kv_head]
@@ -52,8 +62,8 @@ def make_kernel(variant, heads, dim, dtype=torch.float64, seed=0):
     return kernel
 
 
-def gains(kernel):
-    return getattr(kernel, "q_gain", None), getattr(kernel, "k_gain", None)
+def params(kernel):
+    return {name: p.detach() for name, p in kernel.named_parameters()}
 
 
 def rand(*shape, dtype=torch.float64, seed=0):
@@ -98,7 +108,7 @@ def test_matches_float64_reference(variant, case, dtype, tol):
     q, k, v = rand(*q_shape, seed=1), rand(*k_shape, seed=2), rand(*v_shape, seed=3)
     mask = make_mask(mask_kind, q_shape, k_shape)
     kernel = make_kernel(variant, q_shape[1], q_shape[-1])
-    expected = reference(q, k, v, variant, mask, causal, None, *gains(kernel))
+    expected = reference(q, k, v, variant, mask, causal, None, params(kernel))
     kernel = kernel.to(dtype)
     cast = lambda t: t.to(dtype)  # noqa: E731
     dmask = mask if mask is None or mask.dtype == torch.bool else cast(mask)
@@ -114,7 +124,7 @@ def test_matches_float64_reference(variant, case, dtype, tol):
 def test_explicit_scale_and_need_weights_path(variant):
     q, k, v = rand(2, 2, 5, 8, seed=4), rand(2, 2, 6, 8, seed=5), rand(2, 2, 6, 8, seed=6)
     kernel = make_kernel(variant, 2, 8)
-    expected = reference(q, k, v, variant, scale=0.37, q_gain=gains(kernel)[0], k_gain=gains(kernel)[1])
+    expected = reference(q, k, v, variant, scale=0.37, params=params(kernel))
     torch.testing.assert_close(kernel(q, k, v, scale=0.37), expected)
     out, probs = kernel(q, k, v, scale=0.37, need_weights=True)
     torch.testing.assert_close(out, expected)
@@ -146,7 +156,7 @@ def test_gradients_match_reference(variant):
     got = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
         t.grad = None
-    reference(q, k, v, variant, is_causal=True, q_gain=gains(kernel)[0], k_gain=gains(kernel)[1]).square().sum().backward()
+    reference(q, k, v, variant, is_causal=True, params=params(kernel)).square().sum().backward()
     for g, t in zip(got, (q, k, v)):
         torch.testing.assert_close(g, t.grad)
 

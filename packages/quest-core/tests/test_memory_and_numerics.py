@@ -1,5 +1,7 @@
 """Memory saved for backward (parity with SDPA), half-precision need_weights, fully masked rows, folded gains."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,6 +106,66 @@ def test_a_checkpoint_without_gains_loads_strictly_with_their_init(variant):
 def test_gains_for_other_heads_or_dims_fail_clearly():
     kernel = AttentionKernel("qknorm-hs", 4, 8)
     q = rand(1, 2, 3, 8)
-    with pytest.raises(ValueError, match=r"gains for 4 heads of dim 8, but the query has 2 heads of dim 8"):
+    with pytest.raises(ValueError, match=r"parameters for 4 heads of dim 8, but the query has 2 heads of dim 8"):
         kernel(q, q, q)
     AttentionKernel("quest", 4, 8)(q, q, q)  # no gains: any heads and dims
+
+
+def test_cosine_is_swin_v2_attention_written_out():
+    """Swin-v2: logit = min(τ_h, 100) · cos(q, k) with τ_h = exp(logit_scale_h), initialised to 10."""
+    q, k, v = rand(2, 3, 5, 8, dtype=torch.float64, seed=1), rand(2, 3, 6, 8, dtype=torch.float64, seed=2), \
+        rand(2, 3, 6, 8, dtype=torch.float64, seed=3)
+    kernel = AttentionKernel("cosine", 3, 8, dtype=torch.float64)
+    torch.testing.assert_close(kernel.logit_scale.exp().flatten(), torch.full((3,), 10.0, dtype=torch.float64))
+    with torch.no_grad():
+        kernel.logit_scale.copy_(torch.tensor([1.0, 3.0, 6.0], dtype=torch.float64).view(3, 1, 1))  # e^6 > 100
+    tau = torch.tensor([math.e, math.exp(3.0), 100.0], dtype=torch.float64).view(1, 3, 1, 1)
+    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+    expected = (tau * cos).softmax(-1) @ v
+    torch.testing.assert_close(kernel(q, k, v), expected)
+
+
+def test_qk_layernorm_is_torch_layer_norm_then_scaled_attention():
+    q, k, v = (rand(2, 2, 7, 16, dtype=torch.float64, seed=s) * 3 + 1 for s in (4, 5, 6))
+    kernel = AttentionKernel("qk-layernorm", 2, 16, dtype=torch.float64)
+    with torch.no_grad():
+        for p in kernel.parameters():
+            p.uniform_(0.5, 1.5)
+    q_ln = F.layer_norm(q, (16,), kernel.q_ln_weight, kernel.q_ln_bias, eps=1e-6)
+    k_ln = F.layer_norm(k, (16,), kernel.k_ln_weight, kernel.k_ln_bias, eps=1e-6)
+    torch.testing.assert_close(kernel(q, k, v), F.scaled_dot_product_attention(q_ln, k_ln, v))
+    zero_weight = kernel.q_ln_weight.detach().clone()
+    zero_weight[0] = 0.0  # x̂ cannot be recovered from the output there: the fallback keeps it
+    from quest_core.functional import _LayerNormSavingOutput
+
+    x = rand(3, 16, dtype=torch.float64, seed=7).requires_grad_()
+    for weight in (kernel.q_ln_weight.detach().clone(), zero_weight):
+        assert torch.autograd.gradcheck(lambda a, w, b: _LayerNormSavingOutput.apply(a, w, b, 1e-6),
+                                        (x, weight.requires_grad_(), kernel.q_ln_bias.detach().clone().requires_grad_()))
+
+
+@pytest.fixture
+def toy_variant():
+    from quest_core import variants
+
+    toy = qc.register_variant(qc.Variant(
+        "toy-kscale", qc.Side(), qc.Side("l2", gain="k_temperature"), "one", "unit keys times a learned scale",
+        "a test", (qc.Param("k_temperature", "head", lambda d, init: 2.0, weight_decay=True),)))
+    yield toy
+    variants._VARIANTS.pop(toy.name)
+
+
+def test_a_registered_variant_works_everywhere_from_its_declaration(toy_variant):
+    from torch import nn
+
+    q, k, v = rand(1, 2, 4, 8, seed=8), rand(1, 2, 5, 8, seed=9), rand(1, 2, 5, 8, seed=10)
+    kernel = AttentionKernel("toy-kscale", 2, 8)
+    expected = F.scaled_dot_product_attention(q, 2.0 * F.normalize(k, dim=-1), v, scale=1.0)
+    torch.testing.assert_close(kernel(q, k, v), expected)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    qc.swap_attention(layer, "toy-kscale")
+    assert id(layer.self_attn.kernel.k_temperature) not in qc.no_weight_decay(layer)  # it asked for weight decay
+    qc.swap_attention(layer, "qknorm")
+    assert id(layer.self_attn.kernel.q_gain) in qc.no_weight_decay(layer)
+    with pytest.raises(ValueError, match="already registered"):
+        qc.register_variant(toy_variant)

@@ -11,8 +11,9 @@ def rand(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def test_lists_the_six_variants():
-    assert qc.list_variants() == ["softmax", "quest", "qnorm", "qknorm", "qknorm-hs", "qknorm-ds"]
+def test_lists_the_variants():
+    assert qc.list_variants() == ["softmax", "quest", "qnorm", "qknorm", "qknorm-hs", "qknorm-ds", "cosine",
+                                  "qk-layernorm"]
 
 
 def test_unknown_variant_names_valid_ones_and_suggests():
@@ -22,7 +23,7 @@ def test_unknown_variant_names_valid_ones_and_suggests():
 
 def test_learnable_variants_are_modules_not_functional():
     q = rand(1, 1, 2, 4)
-    with pytest.raises(ValueError, match="learnable scales.*AttentionKernel"):
+    with pytest.raises(ValueError, match="learnable parameters.*AttentionKernel"):
         qc.attention(q, q, q, variant="qknorm")
 
 

@@ -76,16 +76,12 @@ def dense_reference(layer: PointAttention, x, pos, edge_index) -> torch.Tensor:
     delta = layer.pos(pos[:, None, :] - pos[None, :, :]).view(n, n, h, d)  # (i, j, h, d)
     k = layer.k(x).view(1, n, h, d) + delta
     v = layer.v(x).view(1, n, h, d) + delta
-    spec, kernel = layer.kernel.spec, layer.kernel
-    if spec.normalize_q:
-        q = q / q.norm(dim=-1, keepdim=True)
-    if spec.normalize_k:
-        k = k / k.norm(dim=-1, keepdim=True)
-    if hasattr(kernel, "q_gain"):
-        q = q * (kernel.q_gain.view(h, 1) if kernel.q_gain.dim() == 3 else kernel.q_gain)
-    if hasattr(kernel, "k_gain"):
-        k = k * kernel.k_gain
-    logits = torch.einsum("ihd,ijhd->ijh", q, k) * spec.default_scale(d)
+    # the variant's transform (tested against float64 formulas in quest-core) on dense (H, pairs, D) tensors: what
+    # this test checks is the per-edge plumbing (gathering, per-head broadcasting, softmax per target)
+    q_hid, _ = layer.kernel.transform(q.transpose(0, 1), q.transpose(0, 1))
+    _, k_hpd = layer.kernel.transform(k.reshape(n * n, h, d).transpose(0, 1), k.reshape(n * n, h, d).transpose(0, 1))
+    q, k = q_hid.transpose(0, 1), k_hpd.transpose(0, 1).reshape(n, n, h, d)
+    logits = torch.einsum("ihd,ijhd->ijh", q, k) * layer.kernel.scale()
     alpha = logits.masked_fill(~mask[..., None], -math.inf).softmax(dim=1)
     return layer.out(torch.einsum("ijh,ijhd->ihd", alpha, v).reshape(n, h * d))
 

@@ -7,26 +7,27 @@ import math
 import torch
 from torch import nn
 
-from quest_core import summarize
+from quest_core import no_weight_decay, summarize
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """AdamW parameter groups: weight decay on weight matrices and embeddings only.
 
-    Not decayed: 1-D parameters (biases, norm weights), the learnable attention gains of the qknorm family
-    (``q_gain``/``k_gain``, whatever their shape: decaying them would pull the qknorm variants' temperature toward
-    0), and the names a model lists in ``no_weight_decay()`` (timm's convention, e.g. CLS tokens and position
-    embeddings; the names are relative to the module that defines the method).
+    Not decayed: 1-D parameters (biases, norm weights), the attention variants' parameters whose declaration says
+    so (``quest_core.no_weight_decay``: e.g. the qknorm and cosine temperatures, whatever their shape: decaying them
+    would pull the temperature toward 0), and the names a model lists in ``no_weight_decay()`` (timm's
+    convention, e.g. CLS tokens and position embeddings; the names are relative to the module that defines it).
     """
     skip = set()
     for prefix, module in model.named_modules():
         if hasattr(module, "no_weight_decay"):
             skip |= {f"{prefix}.{n}" if prefix else n for n in module.no_weight_decay()}
+    variant_params = no_weight_decay(model)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        quiet = p.ndim < 2 or name.endswith(("q_gain", "k_gain")) or name in skip
+        quiet = p.ndim < 2 or id(p) in variant_params or name in skip
         (no_decay if quiet else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 

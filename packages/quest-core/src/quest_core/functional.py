@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quest_core.variants import VariantSpec, get_variant
+from quest_core.variants import Side, Variant, get_variant, list_variants
 
 NORM_EPS = 1e-6  # an all-zero vector normalises to zero instead of NaN
 
@@ -62,24 +62,63 @@ def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS, *, gain: torch.Tensor |
     return _ScaledL2Normalize.apply(x, gain, eps)
 
 
+class _LayerNormSavingOutput(torch.autograd.Function):
+    """y = γ ⊙ (x − mean) / sqrt(var + eps) + β over the last dim, saving only y (shared with SDPA), the per-row
+    1/std (float32) and γ, β; backward recovers x̂ = (y − β) / γ (x̂ is saved as well if γ has an exact zero).
+    Gradients: h = γ ⊙ g, dx = (h − mean(h) − x̂ · mean(h ⊙ x̂)) / std, dγ = Σ g ⊙ x̂, dβ = Σ g."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        xc = x.to(compute)
+        var, mean = torch.var_mean(xc, dim=-1, keepdim=True, correction=0)
+        rstd = (var + eps).rsqrt_()
+        x_hat = (xc - mean).mul_(rstd)
+        y = (x_hat * weight.to(compute) + bias.to(compute)).to(x.dtype)
+        keep = x_hat.to(x.dtype) if bool((weight == 0).any()) else None
+        ctx.save_for_backward(y, rstd, weight, bias, keep)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        y, rstd, weight, bias, x_hat = ctx.saved_tensors
+        compute = rstd.dtype
+        g = g.to(compute)
+        w = weight.to(compute)
+        x_hat = x_hat.to(compute) if x_hat is not None else (y.to(compute) - bias.to(compute)) / w
+        h = g * w
+        dx = (h - h.mean(-1, keepdim=True) - x_hat * (h * x_hat).mean(-1, keepdim=True)).mul_(rstd).to(y.dtype)
+        dw = (g * x_hat).sum_to_size(weight.shape).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        db = g.sum_to_size(bias.shape).to(bias.dtype) if ctx.needs_input_grad[2] else None
+        return dx, dw, db, None
+
+
+LAYER_NORM_EPS = 1e-6
+
+
+def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One side (q or k) of a variant: normalise, scale by the (mapped) gain, add the bias (see ``Side``)."""
+    gain = params[side.gain] if side.gain else None
+    if gain is not None and side.gain_fn is not None:
+        gain = side.gain_fn(gain)
+    if side.norm == "l2":
+        return l2_normalize(x, gain=gain)
+    if side.norm == "layernorm":
+        ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+        weight = gain if gain is not None else ones
+        bias = params[side.bias] if side.bias else torch.zeros_like(ones)
+        return _LayerNormSavingOutput.apply(x, weight, bias, LAYER_NORM_EPS)
+    return x if gain is None else x * gain.to(x.dtype)
+
+
 def transform_qk(
-    spec: VariantSpec,
-    q_bhld: torch.Tensor,
-    k_bhld: torch.Tensor,
-    q_gain: torch.Tensor | None = None,
-    k_gain: torch.Tensor | None = None,
+    spec: Variant, q_bhld: torch.Tensor, k_bhld: torch.Tensor, params: dict[str, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Apply a variant's normalisation and learnable gains (broadcast against (B, H, L, D)) to q and k; a gain is
-    folded into the normalisation, so each of q̂ and k̂ is one saved tensor."""
-    if spec.normalize_q:
-        q_bhld = l2_normalize(q_bhld, gain=q_gain)
-    elif q_gain is not None:
-        q_bhld = q_bhld * q_gain.to(q_bhld.dtype)
-    if spec.normalize_k:
-        k_bhld = l2_normalize(k_bhld, gain=k_gain)
-    elif k_gain is not None:
-        k_bhld = k_bhld * k_gain.to(k_bhld.dtype)
-    return q_bhld, k_bhld
+    """Apply a variant's transforms (its declaration's ``q`` and ``k`` sides) with its parameters ``params`` (by
+    name, broadcast against (..., H, L, D)). Gains are folded into the normalisation, so each of q̂ and k̂ is one
+    saved tensor."""
+    params = params or {}
+    return transform_side(spec.q, q_bhld, params), transform_side(spec.k, k_bhld, params)
 
 
 def check_inputs(
@@ -173,10 +212,10 @@ def attention(
     """
     spec = get_variant(variant)
     if not spec.is_parameter_free:
+        functional = [name for name in list_variants() if get_variant(name).is_parameter_free]
         raise ValueError(
-            f"variant {spec.name!r} has learnable scales, so it is a module: use quest_core.AttentionKernel, "
-            "quest_core.SelfAttention or quest_core.MultiheadAttention (functional variants: "
-            "softmax, quest, qnorm)"
+            f"variant {spec.name!r} has learnable parameters, so it is a module: use quest_core.AttentionKernel, "
+            f"quest_core.SelfAttention or quest_core.MultiheadAttention (functional variants: {', '.join(functional)})"
         )
     check_inputs(query, key, value, attn_mask, is_causal, enable_gqa)
     query, key = transform_qk(spec, query, key)

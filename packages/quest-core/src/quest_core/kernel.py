@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -13,17 +11,18 @@ from quest_core.variants import get_variant
 
 
 class AttentionKernel(nn.Module):
-    """softmax(scale · q̂ k̂ᵀ + mask) v for one variant, on (B, H, L, D) tensors.
+    """softmax(scale · q̂ k̂ᵀ + mask) v for one variant, on (..., H, L, D) tensors.
 
-    Owns the learnable gains of the qknorm family (see ``quest_core.variants`` for their initialisation):
-    ``qknorm``: ``q_gain`` (1,); ``qknorm-hs``: ``q_gain`` (H, 1, 1); ``qknorm-ds``: ``q_gain`` and
-    ``k_gain`` (D,). ``qk_scale_init`` overrides the initial value of the qknorm/qknorm-hs scale
-    (default sqrt(D); Henry et al.'s is ``quest_core.henry_scale_init(seq_len)``).
+    Owns the learnable parameters its variant declares (``quest_core.variants``: name, shape, initialisation);
+    e.g. ``qknorm``: ``q_gain`` (1,); ``qknorm-hs``: ``q_gain`` (H, 1, 1); ``qknorm-ds``: ``q_gain`` and ``k_gain``
+    (D,); ``cosine``: ``logit_scale`` (H, 1, 1). ``qk_scale_init`` overrides the initial temperature of the
+    qknorm/qknorm-hs scale (default sqrt(D); Henry et al.'s is ``quest_core.henry_scale_init(seq_len)``) and of
+    ``cosine`` (default 10).
 
-    Loading a state dict that has no gains (a checkpoint of the model before ``swap_attention``, or of a
-    parameter-free variant) fills them with their initial values, so ``load_state_dict(strict=True)`` works and
-    the swapped model starts where a fresh one would. Gains whose shape does not fit this kernel's heads or head
-    dim fail with a clear error.
+    Loading a state dict that has none of these parameters (a checkpoint of the model before ``swap_attention``,
+    or of a parameter-free variant) fills them with their initial values, so ``load_state_dict(strict=True)`` works
+    and the swapped model starts where a fresh one would. Parameters whose shape does not fit the input's heads or
+    head dim fail with a clear error.
     """
 
     def __init__(
@@ -39,28 +38,32 @@ class AttentionKernel(nn.Module):
         self.spec = get_variant(variant)
         self.num_heads, self.head_dim = num_heads, head_dim
         self.telemetry: LayerStats | None = None  # set by quest_core.Telemetry
-        factory = {"device": device, "dtype": dtype}
-        init = math.sqrt(head_dim) if qk_scale_init is None else float(qk_scale_init)
-        if self.spec.learnable == "scalar":
-            self.q_gain = nn.Parameter(torch.full((1,), init, **factory))
-        elif self.spec.learnable == "head":
-            self.q_gain = nn.Parameter(torch.full((num_heads, 1, 1), init, **factory))
-        elif self.spec.learnable == "dim":
-            self.q_gain = nn.Parameter(torch.ones(head_dim, **factory))
-            self.k_gain = nn.Parameter(torch.ones(head_dim, **factory))
-        self._gain_init = {name: p.detach().clone() for name, p in self.named_parameters(recurse=False)}
-        self.register_load_state_dict_pre_hook(_fill_missing_gains)
+        shapes = {"scalar": (1,), "head": (num_heads, 1, 1), "dim": (head_dim,)}
+        for p in self.spec.params:
+            value = p.init(head_dim, qk_scale_init)
+            setattr(self, p.name, nn.Parameter(torch.full(shapes[p.shape], value, device=device, dtype=dtype)))
+        self._param_init = {name: p.detach().clone() for name, p in self.named_parameters(recurse=False)}
+        self.register_load_state_dict_pre_hook(_fill_missing_params)
 
-    def gains(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(q_gain, k_gain), each None where the variant has none."""
-        return getattr(self, "q_gain", None), getattr(self, "k_gain", None)
+    def params(self) -> dict[str, torch.Tensor]:
+        """The variant's parameters by name."""
+        return {p.name: getattr(self, p.name) for p in self.spec.params}
+
+    def transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q̂, k̂): the variant's transform of q and k, laid out (..., H, L, D) (or (H, E, D) per edge)."""
+        self.check_shapes(q)
+        return transform_qk(self.spec, q, k, self.params())
+
+    def scale(self) -> float:
+        """The variant's logit scale for this kernel's head dim."""
+        return self.spec.default_scale(self.head_dim)
 
     def check_shapes(self, q_bhld: torch.Tensor) -> None:
-        """The gains broadcast against (B, H, L, D) only if the input has this kernel's heads and head dim."""
-        if self._gain_init and (q_bhld.shape[-3], q_bhld.shape[-1]) != (self.num_heads, self.head_dim):
+        """Parameters broadcast against (..., H, L, D) only if the input has this kernel's heads and head dim."""
+        if self.spec.params and (q_bhld.shape[-3], q_bhld.shape[-1]) != (self.num_heads, self.head_dim):
             raise ValueError(
-                f"variant {self.variant!r} has gains for {self.num_heads} heads of dim {self.head_dim}, but the "
-                f"query has {q_bhld.shape[-3]} heads of dim {q_bhld.shape[-1]} (shape {tuple(q_bhld.shape)}); "
+                f"variant {self.variant!r} has parameters for {self.num_heads} heads of dim {self.head_dim}, but "
+                f"the query has {q_bhld.shape[-3]} heads of dim {q_bhld.shape[-1]} (shape {tuple(q_bhld.shape)}); "
                 "build the kernel with the model's num_heads and head_dim"
             )
 
@@ -76,8 +79,7 @@ class AttentionKernel(nn.Module):
         is_causal: bool = False, scale: float | None = None,
     ) -> torch.Tensor:
         """The (B, H, Lq, Lk) attention matrix this kernel uses for q and k (materialised: for figures)."""
-        self.check_shapes(q_bhld)
-        q_bhld, k_bhld = transform_qk(self.spec, q_bhld, k_bhld, *self.gains())
+        q_bhld, k_bhld = self.transform(q_bhld, k_bhld)
         scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
         return attention_probs(q_bhld, k_bhld, scale, attn_mask, is_causal)
 
@@ -98,9 +100,8 @@ class AttentionKernel(nn.Module):
         otherwise the call is one fused SDPA kernel.
         """
         check_inputs(q_bhld, k_bhld, v_bhld, attn_mask, is_causal)
-        self.check_shapes(q_bhld)
         q_raw, k_raw = q_bhld, k_bhld
-        q_bhld, k_bhld = transform_qk(self.spec, q_bhld, k_bhld, *self.gains())
+        q_bhld, k_bhld = self.transform(q_bhld, k_bhld)
         scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
         if self.telemetry is not None:
             self.telemetry.update(
@@ -117,7 +118,16 @@ class AttentionKernel(nn.Module):
         return dropped @ v_bhld, probs
 
 
-def _fill_missing_gains(module: AttentionKernel, state_dict: dict, prefix: str, *args) -> None:
-    """load_state_dict pre-hook: gains absent from ``state_dict`` are loaded as their initial values."""
-    for name, init in module._gain_init.items():
+def _fill_missing_params(module: AttentionKernel, state_dict: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook: variant parameters absent from ``state_dict`` are loaded as their initial values."""
+    for name, init in module._param_init.items():
         state_dict.setdefault(prefix + name, init.clone())
+
+
+def no_weight_decay(model: nn.Module) -> set[int]:
+    """ids of the attention-variant parameters in ``model`` that their declaration excludes from weight decay."""
+    out = set()
+    for module in model.modules():
+        if isinstance(module, AttentionKernel):
+            out |= {id(getattr(module, p.name)) for p in module.spec.params if not p.weight_decay}
+    return out

@@ -1,73 +1,120 @@
-"""The attention variants: what each does to (q, k) before one fused softmax-attention call.
+"""The attention variants, each one declaration registered here: what it does to (q, k) before one fused
+softmax-attention call, the parameters it owns with their initialisation, and where it comes from.
 
-Every variant computes ``softmax(scale · q̂ k̂ᵀ + mask) v`` where (q̂, k̂) is a transform of (q, k):
+Every variant computes ``softmax(scale · q̂ k̂ᵀ + mask) v`` where q̂ = gain ⊙ norm(q) (+ bias), k̂ likewise:
 
-| variant     | q̂                      | k̂                      | default scale | learnable                      |
-|-------------|------------------------|------------------------|---------------|--------------------------------|
-| softmax     | q                      | k                      | 1/sqrt(D)     | -                              |
-| quest       | q                      | k/‖k‖                  | 1             | -                              |
-| qnorm       | q/‖q‖                  | k                      | 1             | -                              |
-| qknorm      | g · q/‖q‖              | k/‖k‖                  | 1             | g: one scalar                  |
-| qknorm-hs   | g_h · q/‖q‖            | k/‖k‖                  | 1             | g_h: one scalar per head       |
-| qknorm-ds   | γ_q ⊙ q/‖q‖            | γ_k ⊙ k/‖k‖            | sqrt(D)       | γ_q, γ_k: one per head dim     |
+| variant      | q̂                    | k̂                    | scale     | learnable (init)                        |
+|--------------|----------------------|----------------------|-----------|-----------------------------------------|
+| softmax      | q                    | k                    | 1/sqrt(D) | -                                       |
+| quest        | q                    | k/‖k‖                | 1         | -                                       |
+| qnorm        | q/‖q‖                | k                    | 1         | -                                       |
+| qknorm       | g · q/‖q‖            | k/‖k‖                | 1         | g: one scalar (sqrt(D))                 |
+| qknorm-hs    | g_h · q/‖q‖          | k/‖k‖                | 1         | g_h: one per head (sqrt(D))             |
+| qknorm-ds    | γ_q ⊙ q/‖q‖          | γ_k ⊙ k/‖k‖          | sqrt(D)   | γ_q, γ_k: one per head dim (1)          |
+| cosine       | τ_h · q/‖q‖          | k/‖k‖                | 1         | log τ_h per head (log 10), τ ≤ 100      |
+| qk-layernorm | LN(q; γ_q, β_q)      | LN(k; γ_k, β_k)      | 1/sqrt(D) | γ (1), β (0) per head dim, for q and k  |
 
-Norms are L2 over the head dimension D, per head and token.
+Norms are L2 over the head dimension D, per head and token; LN is LayerNorm over D (eps 1e-6).
 
-Choices and initialisations (the paper leaves them open; see ../../../../README.md):
+Choices and initialisations (documented in the README):
 
-- ``qnorm``: scale 1 and nothing learnable, the mirror image of QUEST (logit = ‖k_j‖ · cos(q_i, k_j)), so
-  the Q-only vs K-only ablation differs in exactly one thing.
-- ``qknorm`` (Henry et al. 2020, "Query-Key Normalization for Transformers"): logit = g · cos(q_i, k_j). Henry et
-  al. initialise g to ``log2(L² − L)`` with L the 97.5th-percentile training sequence length; pass
-  ``henry_scale_init(L)`` as ``qk_scale_init`` to do that. Without it, g starts at sqrt(D), the same starting
-  temperature as ``qknorm-ds``, which needs no knowledge of the data.
-- ``qknorm-hs``: Henry's scalar made per head (same initialisation, one copy per head).
-- ``qknorm-ds``: RMS-normalised q and k with per-dimension gains and the standard 1/sqrt(D) scale, the QK-norm of
-  ViT-22B (Dehghani et al. 2023) and OLMo 2. RMSNorm(x) = sqrt(D) · x/‖x‖, so this equals unit-normalised q, k
-  with gains γ (initialised to 1) and scale sqrt(D): logit = sqrt(D) · Σ_d γ_q,d γ_k,d q̄_d k̄_d.
+- ``qnorm``: scale 1 and nothing learnable, the mirror image of QUEST (logit = ‖k_j‖ · cos(q_i, k_j)).
+- ``qknorm`` (Henry et al. 2020): logit = g · cos(q_i, k_j). Henry et al. initialise g to ``log2(L² − L)``; pass
+  ``henry_scale_init(L)`` as ``qk_scale_init`` to do that. Without it g starts at sqrt(D).
+- ``qknorm-hs``: Henry's scalar made per head (same initialisation).
+- ``qknorm-ds``: unit q and k with per-dimension gains and scale sqrt(D), i.e. RMS-normalised q and k with learnable
+  RMSNorm weights and the usual 1/sqrt(D) (the QK-RMSNorm of OLMo 2 and Gemma 3). It is *not* ViT-22B's QK norm,
+  which is LayerNorm (``qk-layernorm``).
+- ``cosine`` (Swin Transformer v2, Liu et al. 2022): logit = τ_h · cos(q_i, k_j) with a learnable per-head log
+  temperature, clamped at log 100 and initialised to log 10, as Swin-v2's code does. ``qk_scale_init`` sets τ's
+  initial value instead.
+- ``qk-layernorm`` (ViT-22B, Dehghani et al. 2023): LayerNorm with weight and bias on q and k, then the standard
+  scaled dot product.
+
+To add a variant, declare it with ``register_variant(Variant(...))``: the kernel, the functional API (if it has no
+parameters), the weight-decay grouping, telemetry and surgery use the declaration, and ``variants: all`` in a suite
+picks it up.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Callable, Literal
 
+Norm = Literal["none", "l2", "layernorm"]
 ScaleRule = Literal["inv_sqrt_d", "one", "sqrt_d"]
-Learnable = Literal["none", "scalar", "head", "dim"]
+Shape = Literal["scalar", "head", "dim"]
 
 
 @dataclass(frozen=True)
-class VariantSpec:
-    """What one variant does; see the module docstring for the table."""
+class Param:
+    """A learnable parameter a variant owns, an attribute of ``AttentionKernel``.
+
+    ``shape``: "scalar" (1,), "head" (H, 1, 1) or "dim" (D,), broadcast against (..., H, L, D).
+    ``init(head_dim, qk_scale_init)`` gives its initial value (the same for every entry).
+    ``weight_decay``: whether AdamW should decay it (``quest_core.no_weight_decay``).
+    """
 
     name: str
-    normalize_q: bool  # divide each query by its L2 norm over the head dim
-    normalize_k: bool  # divide each key by its L2 norm over the head dim
-    scale_rule: ScaleRule  # the default logit scale when the caller passes scale=None
-    learnable: Learnable  # which learnable gains the module form owns ("none": usable in the functional API)
+    shape: Shape
+    init: Callable[[int, float | None], float]
+    weight_decay: bool = False
+
+
+@dataclass(frozen=True)
+class Side:
+    """What a variant does to the queries (or the keys): normalise, then scale by a gain, then add a bias.
+
+    ``gain`` / ``bias`` name parameters of the variant; ``gain_fn`` maps the gain parameter to the gain applied
+    (e.g. the exponential of a clamped log temperature); without it the parameter is the gain.
+    """
+
+    norm: Norm = "none"
+    gain: str | None = None
+    gain_fn: Callable | None = None
+    bias: str | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One attention variant (see the module docstring)."""
+
+    name: str
+    q: Side
+    k: Side
+    scale_rule: ScaleRule
     summary: str  # one line for listings and error messages
+    citation: str  # where it comes from, one line
+    params: tuple[Param, ...] = field(default=())
 
     @property
     def is_parameter_free(self) -> bool:
-        return self.learnable == "none"
+        return not self.params
 
     def default_scale(self, head_dim: int) -> float:
         return {"inv_sqrt_d": 1.0 / math.sqrt(head_dim), "one": 1.0, "sqrt_d": math.sqrt(head_dim)}[self.scale_rule]
 
 
-_VARIANTS: dict[str, VariantSpec] = {
-    spec.name: spec
-    for spec in (
-        VariantSpec("softmax", False, False, "inv_sqrt_d", "none", "standard scaled dot-product attention"),
-        VariantSpec("quest", False, True, "one", "none", "QUEST: unit keys, free queries, scale 1"),
-        VariantSpec("qnorm", True, False, "one", "none", "unit queries, free keys, scale 1"),
-        VariantSpec("qknorm", True, True, "one", "scalar", "unit q and k, one learnable scale (Henry et al. 2020)"),
-        VariantSpec("qknorm-hs", True, True, "one", "head", "unit q and k, a learnable scale per head"),
-        VariantSpec("qknorm-ds", True, True, "sqrt_d", "dim", "RMS-normed q and k with per-dim gains (ViT-22B)"),
-    )
-}
+VariantSpec = Variant  # the earlier name, kept for imports
+
+_VARIANTS: dict[str, Variant] = {}
+
+
+def register_variant(variant: Variant) -> Variant:
+    """Add a variant to the registry (names are unique and file-name safe)."""
+    if variant.name in _VARIANTS:
+        raise ValueError(f"attention variant {variant.name!r} is already registered")
+    if not variant.name.replace("-", "").isalnum():
+        raise ValueError(f"variant names use letters, digits and '-', got {variant.name!r}")
+    names = {p.name for p in variant.params}
+    for side in (variant.q, variant.k):
+        for ref in (side.gain, side.bias):
+            if ref is not None and ref not in names:
+                raise ValueError(f"variant {variant.name!r} uses parameter {ref!r} but declares {sorted(names)}")
+    _VARIANTS[variant.name] = variant
+    return variant
 
 
 def list_variants() -> list[str]:
@@ -75,9 +122,9 @@ def list_variants() -> list[str]:
     return list(_VARIANTS)
 
 
-def get_variant(name: str) -> VariantSpec:
+def get_variant(name: str) -> Variant:
     """Look a variant up by name; unknown names fail with the valid ones and a suggestion."""
-    if isinstance(name, VariantSpec):
+    if isinstance(name, Variant):
         return name
     try:
         return _VARIANTS[name]
@@ -94,3 +141,55 @@ def henry_scale_init(seq_len: int) -> float:
     if seq_len < 2:
         raise ValueError(f"henry_scale_init needs seq_len >= 2, got {seq_len}")
     return math.log2(seq_len * seq_len - seq_len)
+
+
+def _sqrt_d(head_dim: int, override: float | None) -> float:
+    return math.sqrt(head_dim) if override is None else float(override)
+
+
+def _one(head_dim: int, override: float | None) -> float:
+    return 1.0
+
+
+def _zero(head_dim: int, override: float | None) -> float:
+    return 0.0
+
+
+def _log_ten(head_dim: int, override: float | None) -> float:
+    return math.log(10.0 if override is None else float(override))
+
+
+COSINE_MAX_LOG_SCALE = math.log(100.0)  # Swin-v2 clamps the learned temperature at 100
+
+
+def cosine_temperature(log_scale):
+    """Swin-v2's per-head temperature: exp(min(log τ, log 100))."""
+    return log_scale.clamp(max=COSINE_MAX_LOG_SCALE).exp()
+
+
+for _variant in (
+    Variant("softmax", Side(), Side(), "inv_sqrt_d", "standard scaled dot-product attention",
+            "Vaswani et al. 2017, Attention Is All You Need"),
+    Variant("quest", Side(), Side("l2"), "one", "QUEST: unit keys, free queries, scale 1",
+            "Govindarajan et al. 2026, QUEST (arXiv 2604.00199)"),
+    Variant("qnorm", Side("l2"), Side(), "one", "unit queries, free keys, scale 1",
+            "the QUEST paper's Q-only ablation"),
+    Variant("qknorm", Side("l2", gain="q_gain"), Side("l2"), "one",
+            "unit q and k, one learnable scale", "Henry et al. 2020, Query-Key Normalization for Transformers",
+            (Param("q_gain", "scalar", _sqrt_d),)),
+    Variant("qknorm-hs", Side("l2", gain="q_gain"), Side("l2"), "one",
+            "unit q and k, a learnable scale per head", "Henry et al. 2020, with one scale per head",
+            (Param("q_gain", "head", _sqrt_d),)),
+    Variant("qknorm-ds", Side("l2", gain="q_gain"), Side("l2", gain="k_gain"), "sqrt_d",
+            "RMS-normed q and k with per-dim gains (QK-RMSNorm)", "QK-RMSNorm as in OLMo 2 (OLMo et al. 2024)",
+            (Param("q_gain", "dim", _one), Param("k_gain", "dim", _one))),
+    Variant("cosine", Side("l2", gain="logit_scale", gain_fn=cosine_temperature), Side("l2"), "one",
+            "cosine similarity times a learnable per-head temperature",
+            "Liu et al. 2022, Swin Transformer V2", (Param("logit_scale", "head", _log_ten),)),
+    Variant("qk-layernorm", Side("layernorm", gain="q_ln_weight", bias="q_ln_bias"),
+            Side("layernorm", gain="k_ln_weight", bias="k_ln_bias"), "inv_sqrt_d",
+            "LayerNorm on q and k, then scaled dot product", "Dehghani et al. 2023, Scaling ViT to 22B (ViT-22B)",
+            (Param("q_ln_weight", "dim", _one), Param("q_ln_bias", "dim", _zero),
+             Param("k_ln_weight", "dim", _one), Param("k_ln_bias", "dim", _zero))),
+):
+    register_variant(_variant)

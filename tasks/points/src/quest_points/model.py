@@ -21,7 +21,6 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import scatter, softmax, to_dense_batch
 
 from quest_core import AttentionKernel, SelfAttention
-from quest_core.functional import transform_qk
 from quest_points.graph import fps, knn, knn_graph
 
 
@@ -49,10 +48,8 @@ class PointAttention(MessagePassing):
     def message(self, q_i, k_j, v_j, pos_i, pos_j, index, ptr, size_i):
         delta_ehd = self.pos(pos_i - pos_j).view(-1, self.num_heads, self.head_dim)
         k_ehd = k_j + delta_ehd
-        gains = [getattr(self.kernel, name, None) for name in ("q_gain", "k_gain")]
-        gains = [g.view(self.num_heads, 1) if g is not None and g.dim() == 3 else g for g in gains]  # (H,1,1) per head
-        q_hat, k_hat = transform_qk(self.kernel.spec, q_i, k_ehd, *gains)
-        logits_eh = (q_hat * k_hat).sum(-1) * self.kernel.spec.default_scale(self.head_dim)
+        q_hed, k_hed = self.kernel.transform(q_i.transpose(0, 1), k_ehd.transpose(0, 1))  # (H, E, D): per-head
+        logits_eh = (q_hed * k_hed).sum(-1).transpose(0, 1) * self.kernel.scale()  # parameters broadcast as usual
         alpha_eh = softmax(logits_eh, index, ptr, size_i)
         if self.kernel.telemetry is not None:
             self.kernel.telemetry.update(edge_attention_stats(q_i, k_ehd, logits_eh, alpha_eh, index, size_i))
