@@ -350,3 +350,15 @@ def test_a_sweep_refuses_to_start_while_another_driver_holds_its_folder(tmp_path
         with pytest.raises(ValueError, match="in use by another sweep driver"):
             run_sweep(suite, tmp_path)  # refused before Ray starts or anything runs
     assert not store.runs_dir.exists()
+
+
+def test_a_suite_with_variants_all_runs_every_registered_variant(tmp_path):
+    import quest_core
+
+    from quest_bench.suite import load_suite
+
+    path = tmp_path / "every.yaml"
+    path.write_text("name: every\ntasks: [spurious]\nvariants: all\nseeds: [0, 1]\n")
+    specs = load_suite(str(path)).specs
+    assert sorted({s.variant for s in specs}) == sorted(quest_core.list_variants()) and len(specs) == 2 * len(
+        quest_core.list_variants())

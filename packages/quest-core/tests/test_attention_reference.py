@@ -13,8 +13,11 @@ FUNCTIONAL = [v for v in VARIANTS if qc.get_variant(v).is_parameter_free]
 
 
 def side_reference(x, side, params):
-    """One side of a variant in float64, from its declaration (which norm, which gain, which bias) and the textbook
-    formulas written out here: x/sqrt(Σx²), (x − mean)/sqrt(var + eps), gain · x̂ + bias."""
+    """One side of a variant in float64, from its declaration (metric, which norm, which gain, which bias) and the
+    textbook formulas written out here: s ⊙ x, x/sqrt(Σx²), (x − mean)/sqrt(var + eps), gain · x̂ + bias."""
+    if side.metric:  # one sqrt(m) per key/value head; query head h uses that of its group
+        metric = params["metric"].double()
+        x = x * metric.repeat_interleave(x.shape[1] // metric.shape[0], dim=0)
     if side.norm == "l2":
         x = x / torch.sqrt((x * x).sum(-1, keepdim=True))
     elif side.norm == "layernorm":
@@ -34,7 +37,10 @@ def reference(q, k, v, variant, attn_mask=None, is_causal=False, scale=None, par
     spec = qc.get_variant(variant)
     q, k, v = q.double(), k.double(), v.double()
     d = q.shape[-1]
-    q, k = side_reference(q, spec.q, params or {}), side_reference(k, spec.k, params or {})
+    params = dict(params or {})
+    if "metric" in params:
+        params["metric"] = params["metric"][: k.shape[1]]  # FixedMetric's convention: the first H_kv heads
+    q, k = side_reference(q, spec.q, params), side_reference(k, spec.k, params)
     if scale is None:
         scale = {"inv_sqrt_d": 1 / math.sqrt(d), "one": 1.0, "sqrt_d": math.sqrt(d)}[spec.scale_rule]
     group = q.shape[1] // k.shape[1]  # grouped-query attention: query head h reads kv head h // group
@@ -52,18 +58,35 @@ def reference(q, k, v, variant, attn_mask=None, is_causal=False, scale=None, par
     return torch.einsum("bhij,bhjd->bhid", weights, v)
 
 
+class FixedMetric:
+    """A stand-in for the elliptical metric chain that always gives the same sqrt(m), so that a kernel's output is
+    a function of q, k, v alone (for gradcheck); the estimator itself is tested in test_elliptical.py."""
+
+    def __init__(self, s):
+        self.s = s
+
+    def next_metric(self, v):
+        return self.s[: v.shape[-3]]  # one per key/value head
+
+
 def make_kernel(variant, heads, dim, dtype=torch.float64, seed=0):
-    """An AttentionKernel with its learnable gains (if any) set to random non-trivial values."""
+    """An AttentionKernel with its learnable parameters (if any) set to random non-trivial values, and for the
+    elliptical variants a fixed random metric."""
     kernel = AttentionKernel(variant, heads, dim, dtype=dtype)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in kernel.parameters():
             p.copy_(0.5 + 2 * torch.rand(p.shape, generator=gen, dtype=dtype))
+    if kernel.spec.uses_metric:
+        kernel.metric_chain = FixedMetric((0.1 + torch.rand(heads, 1, dim, generator=gen, dtype=dtype)).sqrt())
     return kernel
 
 
 def params(kernel):
-    return {name: p.detach() for name, p in kernel.named_parameters()}
+    out = {name: p.detach() for name, p in kernel.named_parameters()}
+    if kernel.spec.uses_metric:
+        out["metric"] = kernel.metric_chain.s
+    return out
 
 
 def rand(*shape, dtype=torch.float64, seed=0):
@@ -165,4 +188,5 @@ def test_gradients_match_reference(variant):
 def test_probs_are_the_weights_the_kernel_uses(variant):
     q, k, v = rand(2, 2, 5, 8, seed=13), rand(2, 2, 6, 8, seed=14), rand(2, 2, 6, 8, seed=15)
     kernel = make_kernel(variant, 2, 8)
-    torch.testing.assert_close(kernel.probs(q, k) @ v, kernel(q, k, v))
+    out = kernel(q, k, v)  # (elliptical variants: probs uses the metric of the latest call)
+    torch.testing.assert_close(kernel.probs(q, k) @ v, out)

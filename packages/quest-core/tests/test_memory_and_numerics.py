@@ -7,8 +7,15 @@ import torch
 import torch.nn.functional as F
 
 import quest_core as qc
-from quest_core import AttentionKernel
+from quest_core import AttentionKernel as _Kernel
 from quest_core.functional import l2_normalize
+
+
+def AttentionKernel(*args, **kwargs):
+    """A kernel usable on its own: elliptical variants get their own metric chain (M = I: no previous layer)."""
+    kernel = _Kernel(*args, **kwargs)
+    qc.link_elliptical(kernel)
+    return kernel
 
 
 def rand(*shape, dtype=torch.float32, seed=0):

@@ -83,6 +83,7 @@ def test_mha_unbatched_and_causal_hint():
 def test_mha_variant_is_projection_then_kernel(variant):
     """A non-softmax MHA equals: torch's projections, the variant's kernel, torch's output projection."""
     mha = MultiheadAttention(16, 4, batch_first=True, variant=variant).eval()
+    qc.link_elliptical(mha)  # one layer: the elliptical metric is M = I
     x = rand(2, 5, 16, seed=8)
     q, k, v = (nn.functional.linear(x, w, b) for w, b in zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)))
     heads = lambda t: t.view(2, 5, 4, 4).transpose(1, 2)  # noqa: E731

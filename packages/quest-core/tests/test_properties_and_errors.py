@@ -4,7 +4,14 @@ import pytest
 import torch
 
 import quest_core as qc
-from quest_core import AttentionKernel
+from quest_core import AttentionKernel as _Kernel
+
+
+def AttentionKernel(*args, **kwargs):
+    """A kernel usable on its own: elliptical variants get their own metric chain (M = I: no previous layer)."""
+    kernel = _Kernel(*args, **kwargs)
+    qc.link_elliptical(kernel)
+    return kernel
 
 
 def rand(*shape, dtype=torch.float32, seed=0):
@@ -13,7 +20,7 @@ def rand(*shape, dtype=torch.float32, seed=0):
 
 def test_lists_the_variants():
     assert qc.list_variants() == ["softmax", "quest", "qnorm", "qknorm", "qknorm-hs", "qknorm-ds", "cosine",
-                                  "qk-layernorm"]
+                                  "qk-layernorm", "elliptical", "elliptical-quest"]
 
 
 def test_unknown_variant_names_valid_ones_and_suggests():

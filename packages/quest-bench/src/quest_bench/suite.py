@@ -3,7 +3,7 @@
     name: spurious                 # results go to <results>/<name>/
     description: ...
     tasks: [spurious]              # names, or {name: ..., overrides: {...}, grid: {...}} for per-task settings
-    variants: [softmax, quest]
+    variants: [softmax, quest]     # or `all`: every registered quest_core variant
     presets: [tiny]
     seeds: [0, 1, 2]
     overrides: {steps: 800}        # task config keys set in every run
@@ -95,6 +95,10 @@ def load_suite(name_or_path: str) -> Suite:
         if not raw.get(key):
             raise ValueError(f"{path}: suite needs a non-empty {key!r} list")
     name = check_name("suite", str(raw.get("name") or path.stem))
+    if raw.get("variants") == "all":
+        import quest_core
+
+        raw["variants"] = quest_core.list_variants()
     variants = as_list(path, raw, "variants", [])
     seeds = as_list(path, raw, "seeds", [0])
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):

@@ -9,9 +9,11 @@ fused ``F.scaled_dot_product_attention`` call with an explicit scale.
 - ``register_variant(Variant(...))``: add a variant (one declaration; see ``quest_core.variants``).
 - ``MultiheadAttention``: drop-in for ``torch.nn.MultiheadAttention``; ``SelfAttention``: a block for new models.
 - ``swap_attention(model, variant)``: in-place surgery of third-party models; ``timm_attn_layer(variant)``.
+- ``link_elliptical(model)``: the inter-layer state of the elliptical variants, for models built directly.
 - ``Telemetry``: opt-in per-layer query/key norms, max logit and attention entropy.
 """
 
+from quest_core.elliptical import MetricChain, link_elliptical
 from quest_core.functional import attention, l2_normalize
 from quest_core.kernel import AttentionKernel, no_weight_decay
 from quest_core.modules import MultiheadAttention, SelfAttention
@@ -21,8 +23,8 @@ from quest_core.variants import (Param, Side, Variant, VariantSpec, get_variant,
                                  register_variant)
 
 __all__ = [
-    "AttentionKernel", "MultiheadAttention", "Param", "SelfAttention", "Side", "SwapReport", "Telemetry", "Variant",
-    "VariantSpec", "attention", "get_variant", "henry_scale_init", "l2_normalize", "list_variants",
+    "AttentionKernel", "MetricChain", "MultiheadAttention", "Param", "SelfAttention", "Side", "SwapReport", "Telemetry", "Variant",
+    "VariantSpec", "attention", "get_variant", "henry_scale_init", "l2_normalize", "link_elliptical", "list_variants",
     "no_weight_decay", "register_variant", "summarize", "swap_attention", "timm_attn_layer",
 ]
 

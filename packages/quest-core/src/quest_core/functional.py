@@ -97,7 +97,13 @@ LAYER_NORM_EPS = 1e-6
 
 
 def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One side (q or k) of a variant: normalise, scale by the (mapped) gain, add the bias (see ``Side``)."""
+    """One side (q or k) of a variant: apply the metric, normalise, scale by the (mapped) gain, add the bias (see
+    ``Side``); ``params`` holds the variant's parameters by name and, for metric variants, ``"metric"``."""
+    if side.metric:  # (H_kv, 1, D), repeated to the query heads under grouped-query attention
+        metric = params["metric"]
+        if metric.shape[-3] != x.shape[-3]:
+            metric = metric.repeat_interleave(x.shape[-3] // metric.shape[-3], dim=-3)
+        x = x * metric.to(x.dtype)
     gain = params[side.gain] if side.gain else None
     if gain is not None and side.gain_fn is not None:
         gain = side.gain_fn(gain)
@@ -214,7 +220,8 @@ def attention(
     if not spec.is_parameter_free:
         functional = [name for name in list_variants() if get_variant(name).is_parameter_free]
         raise ValueError(
-            f"variant {spec.name!r} has learnable parameters, so it is a module: use quest_core.AttentionKernel, "
+            f"variant {spec.name!r} has learnable parameters or state, so it is a module: use "
+            "quest_core.AttentionKernel, "
             f"quest_core.SelfAttention or quest_core.MultiheadAttention (functional variants: {', '.join(functional)})"
         )
     check_inputs(query, key, value, attn_mask, is_causal, enable_gqa)

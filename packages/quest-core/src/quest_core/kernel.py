@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from quest_core.functional import attention_probs, check_inputs, sdpa, transform_qk
+from quest_core.elliptical import MetricChain
 from quest_core.telemetry import LayerStats, attention_stats
 from quest_core.variants import get_variant
 
@@ -44,10 +45,27 @@ class AttentionKernel(nn.Module):
             setattr(self, p.name, nn.Parameter(torch.full(shapes[p.shape], value, device=device, dtype=dtype)))
         self._param_init = {name: p.detach().clone() for name, p in self.named_parameters(recurse=False)}
         self.register_load_state_dict_pre_hook(_fill_missing_params)
+        self.metric_chain: MetricChain | None = None  # elliptical variants: set by quest_core.link_elliptical
+        self._metric: torch.Tensor | None = None  # the metric of the latest call (elliptical variants)
 
     def params(self) -> dict[str, torch.Tensor]:
-        """The variant's parameters by name."""
-        return {p.name: getattr(self, p.name) for p in self.spec.params}
+        """The variant's parameters by name (and, for elliptical variants, the current metric as "metric")."""
+        out = {p.name: getattr(self, p.name) for p in self.spec.params}
+        if self.spec.uses_metric:
+            if self._metric is None:
+                raise RuntimeError(f"variant {self.variant!r} has no metric yet: the kernel's forward estimates it "
+                                   "(or call update_metric(v) before transform)")
+            out["metric"] = self._metric
+        return out
+
+    def update_metric(self, v: torch.Tensor) -> None:
+        """Elliptical variants: estimate this call's metric from the values v (..., H, L, D); a no-op otherwise."""
+        if not self.spec.uses_metric:
+            return
+        if self.metric_chain is None:
+            raise RuntimeError(f"variant {self.variant!r} needs the previous layer's values: call "
+                               "quest_core.link_elliptical(model) once on the model (swap_attention does)")
+        self._metric = self.metric_chain.next_metric(v)
 
     def transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q̂, k̂): the variant's transform of q and k, laid out (..., H, L, D) (or (H, E, D) per edge)."""
@@ -60,7 +78,8 @@ class AttentionKernel(nn.Module):
 
     def check_shapes(self, q_bhld: torch.Tensor) -> None:
         """Parameters broadcast against (..., H, L, D) only if the input has this kernel's heads and head dim."""
-        if self.spec.params and (q_bhld.shape[-3], q_bhld.shape[-1]) != (self.num_heads, self.head_dim):
+        if (self.spec.params or self.spec.uses_metric) and (q_bhld.shape[-3], q_bhld.shape[-1]) != (
+                self.num_heads, self.head_dim):
             raise ValueError(
                 f"variant {self.variant!r} has parameters for {self.num_heads} heads of dim {self.head_dim}, but "
                 f"the query has {q_bhld.shape[-3]} heads of dim {q_bhld.shape[-1]} (shape {tuple(q_bhld.shape)}); "
@@ -101,6 +120,7 @@ class AttentionKernel(nn.Module):
         """
         check_inputs(q_bhld, k_bhld, v_bhld, attn_mask, is_causal)
         q_raw, k_raw = q_bhld, k_bhld
+        self.update_metric(v_bhld)
         q_bhld, k_bhld = self.transform(q_bhld, k_bhld)
         scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
         if self.telemetry is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from quest_core.elliptical import link_elliptical
 from quest_core.kernel import AttentionKernel
 from quest_core.modules import MultiheadAttention
 from quest_core.variants import get_variant
@@ -89,6 +90,8 @@ def swap_attention(model: nn.Module, variant: str, qk_scale_init: float | None =
             )
         else:
             MultiheadAttention.convert(module, spec.name, qk_scale_init)
+    if link_elliptical(model) is not None:
+        report.notes.append("elliptical kernels linked into one metric chain (quest_core.link_elliptical)")
     for path, module in model.named_modules():
         if isinstance(module, nn.TransformerEncoder) and getattr(module, "use_nested_tensor", False):
             module.use_nested_tensor = False

@@ -13,6 +13,8 @@ Every variant computes ``softmax(scale · q̂ k̂ᵀ + mask) v`` where q̂ = gai
 | qknorm-ds    | γ_q ⊙ q/‖q‖          | γ_k ⊙ k/‖k‖          | sqrt(D)   | γ_q, γ_k: one per head dim (1)          |
 | cosine       | τ_h · q/‖q‖          | k/‖k‖                | 1         | log τ_h per head (log 10), τ ≤ 100      |
 | qk-layernorm | LN(q; γ_q, β_q)      | LN(k; γ_k, β_k)      | 1/sqrt(D) | γ (1), β (0) per head dim, for q and k  |
+| elliptical   | s ⊙ q                | s ⊙ k                | 1/sqrt(D) | - (s = sqrt(m), m estimated, see below) |
+| elliptical-quest | s ⊙ q            | s ⊙ k / ‖s ⊙ k‖      | 1         | - (the same m)                          |
 
 Norms are L2 over the head dimension D, per head and token; LN is LayerNorm over D (eps 1e-6).
 
@@ -30,6 +32,13 @@ Choices and initialisations (documented in the README):
   initial value instead.
 - ``qk-layernorm`` (ViT-22B, Dehghani et al. 2023): LayerNorm with weight and bias on q and k, then the standard
   scaled dot product.
+- ``elliptical`` (Nielsen et al. 2024, Elliptical Attention): logit = q^T M k / sqrt(D) with M = diag(m) per head,
+  m_d the mean absolute change of the values' coordinate d between this attention layer and the previous one
+  (over batch and tokens), divided by its maximum over d. ``elliptical-quest`` normalises the keys in that metric
+  (k / ‖k‖_M, ‖k‖_M² = k^T M k) and drops the scale, as QUEST does. The metric needs the previous layer's values:
+  ``quest_core.link_elliptical(model)`` (called by ``swap_attention``) links a model's kernels into one chain that
+  restarts at every forward of the model; see ``quest_core.elliptical`` for what the paper leaves open and what
+  we chose.
 
 To add a variant, declare it with ``register_variant(Variant(...))``: the kernel, the functional API (if it has no
 parameters), the weight-decay grouping, telemetry and surgery use the declaration, and ``variants: all`` in a suite
@@ -75,6 +84,7 @@ class Side:
     gain: str | None = None
     gain_fn: Callable | None = None
     bias: str | None = None
+    metric: bool = False  # multiply by the kernel's estimated metric sqrt(m) before normalising (elliptical)
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,12 @@ class Variant:
 
     @property
     def is_parameter_free(self) -> bool:
-        return not self.params
+        return not self.params and not self.uses_metric
+
+    @property
+    def uses_metric(self) -> bool:
+        """Whether the variant needs an estimated metric (state carried between layers): a module, not functional."""
+        return self.q.metric or self.k.metric
 
     def default_scale(self, head_dim: int) -> float:
         return {"inv_sqrt_d": 1.0 / math.sqrt(head_dim), "one": 1.0, "sqrt_d": math.sqrt(head_dim)}[self.scale_rule]
@@ -191,5 +206,11 @@ for _variant in (
             "LayerNorm on q and k, then scaled dot product", "Dehghani et al. 2023, Scaling ViT to 22B (ViT-22B)",
             (Param("q_ln_weight", "dim", _one), Param("q_ln_bias", "dim", _zero),
              Param("k_ln_weight", "dim", _one), Param("k_ln_bias", "dim", _zero))),
+    Variant("elliptical", Side(metric=True), Side(metric=True), "inv_sqrt_d",
+            "Mahalanobis dot product with a metric estimated from consecutive layers' values",
+            "Nielsen et al. 2024, Elliptical Attention (NeurIPS)"),
+    Variant("elliptical-quest", Side(metric=True), Side("l2", metric=True), "one",
+            "elliptical metric with keys normalised in it, scale 1 (QUEST's form)",
+            "the QUEST paper's Elliptical-QUEST baseline"),
 ):
     register_variant(_variant)

@@ -24,11 +24,13 @@ class Classifier(nn.Module):
 
 def build_vit(variant: str, img_size: int, patch_size: int, in_chans: int, num_classes: int, embed_dim: int,
               depth: int, num_heads: int, mlp_ratio: float, drop_path: float = 0.0) -> VisionTransformer:
-    return VisionTransformer(
+    vit = VisionTransformer(
         img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes, embed_dim=embed_dim,
         depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, drop_path_rate=drop_path,
         attn_layer=quest_core.timm_attn_layer(variant),
     )
+    quest_core.link_elliptical(vit)  # elliptical variants: the metric chain over the blocks
+    return vit
 
 
 @torch.no_grad()

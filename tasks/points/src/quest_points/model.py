@@ -20,7 +20,7 @@ from torch import nn
 from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import scatter, softmax, to_dense_batch
 
-from quest_core import AttentionKernel, SelfAttention
+from quest_core import AttentionKernel, SelfAttention, link_elliptical
 from quest_points.graph import fps, knn, knn_graph
 
 
@@ -41,8 +41,10 @@ class PointAttention(MessagePassing):
 
     def forward(self, x_nc: torch.Tensor, pos_n3: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         h, d = self.num_heads, self.head_dim
+        v_nhd = self.v(x_nc).view(-1, h, d)
+        self.kernel.update_metric(v_nhd.transpose(0, 1))  # elliptical variants: this layer's metric (else a no-op)
         out_nhd = self.propagate(edge_index, q=self.q(x_nc).view(-1, h, d), k=self.k(x_nc).view(-1, h, d),
-                                 v=self.v(x_nc).view(-1, h, d), pos=pos_n3)
+                                 v=v_nhd, pos=pos_n3)
         return self.out(out_nhd.flatten(1))
 
     def message(self, q_i, k_j, v_j, pos_i, pos_j, index, ptr, size_i):
@@ -178,8 +180,9 @@ class EncoderBlock(nn.Module):
 
 
 def build_model(name: str, num_classes: int, variant: str, **kwargs) -> nn.Module:
-    if name == "local":
-        return LocalPointTransformer(num_classes, variant, **kwargs)
-    if name == "global":
-        return GlobalPointTransformer(num_classes, variant, **kwargs)
-    raise ValueError(f"unknown model {name!r}; valid: local, global")
+    models = {"local": LocalPointTransformer, "global": GlobalPointTransformer}
+    if name not in models:
+        raise ValueError(f"unknown model {name!r}; valid: local, global")
+    model = models[name](num_classes, variant, **kwargs)
+    link_elliptical(model)  # elliptical variants: the metric chain over the attention layers
+    return model

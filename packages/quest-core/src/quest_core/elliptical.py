@@ -1,0 +1,74 @@
+"""The state the elliptical variants carry between attention layers: the metric M = diag(m) of Elliptical Attention
+(Nielsen et al. 2024), estimated from the values of consecutive layers.
+
+Elliptical Attention replaces q·k by q^T M k, M = diag(m), where m_d measures how much the function the network
+computes changes along coordinate d; the paper estimates it without parameters from the values of two consecutive
+layers: m_d ∝ mean over tokens of |v^ℓ_d − v^{ℓ−1}_d|. What the paper leaves open, and what we chose:
+
+- **Granularity**: one m per head (over that head's dims), averaged over batch and tokens (one metric per forward).
+- **Normalisation**: m / max_d(m) per head, so m ∈ (0, 1] and the largest coordinate keeps the dot product's scale;
+  a floor of 1e-6 keeps every coordinate (a zero would drop a dim from the logits entirely).
+- **The first layer**, and any layer whose previous layer's values have another shape (a hierarchical model's next
+  stage, a cross-attention with another length), has no estimate: it uses M = I (plain dot product; for
+  ``elliptical-quest``, QUEST).
+- **Gradients**: the estimate is a statistic of the forward pass, detached (no gradient flows through M).
+- **Consecutive** means consecutive in call order within one forward of the model: ``link_elliptical(model)`` puts
+  every kernel of the model on one ``MetricChain`` and restarts it at each forward of ``model``.
+
+The QUEST form (``elliptical-quest``) normalises keys in the metric: k / ‖k‖_M with ‖k‖_M² = k^T M k, scale 1.
+Both are implemented as q̂ = s ⊙ q, k̂ = s ⊙ k (then normalised for the QUEST form), s = sqrt(m).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+METRIC_FLOOR = 1e-6
+
+
+class MetricChain:
+    """The previous elliptical layer's values within the current forward of a model (see the module docstring)."""
+
+    def __init__(self):
+        self.previous_v: torch.Tensor | None = None
+
+    def restart(self) -> None:
+        self.previous_v = None
+
+    @torch.no_grad()
+    def next_metric(self, v_bhld: torch.Tensor) -> torch.Tensor:
+        """sqrt(m) for the layer whose values are ``v_bhld`` (..., H, L, D), shaped (H, 1, D); then remember v."""
+        previous, self.previous_v = self.previous_v, v_bhld.detach()
+        if previous is None or previous.shape != v_bhld.shape:
+            return torch.ones(v_bhld.shape[-3], 1, v_bhld.shape[-1], dtype=torch.float32, device=v_bhld.device)
+        change = (v_bhld.float() - previous.float()).abs()
+        m = change.flatten(0, -4).mean(dim=(0, 2)) if change.dim() > 3 else change.mean(dim=1)  # (H, D)
+        m = m / m.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        return m.clamp_min(METRIC_FLOOR).sqrt().unsqueeze(-2)
+
+
+def _restart(chain: MetricChain):
+    def hook(module, args):
+        chain.restart()
+
+    return hook
+
+
+def link_elliptical(model: nn.Module) -> MetricChain | None:
+    """Put every elliptical kernel of ``model`` on one metric chain that restarts at each forward of ``model``
+    (idempotent; returns the chain, or None if the model has no elliptical kernel). ``swap_attention`` calls it;
+    call it yourself on a model built with elliptical variants."""
+    from quest_core.kernel import AttentionKernel
+
+    kernels = [m for m in model.modules() if isinstance(m, AttentionKernel) and m.spec.uses_metric]
+    if not kernels:
+        return None
+    chain = getattr(model, "_quest_metric_chain", None)
+    if chain is None:
+        chain = MetricChain()
+        model._quest_metric_chain = chain
+        model.register_forward_pre_hook(_restart(chain))
+    for kernel in kernels:
+        kernel.metric_chain = chain
+    return chain

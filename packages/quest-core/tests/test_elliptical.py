@@ -1,0 +1,64 @@
+"""The elliptical variants' state: the metric estimated from consecutive layers' values, the chain, the QUEST form."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import quest_core as qc
+from quest_core.elliptical import METRIC_FLOOR, MetricChain
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_metric_is_the_mean_absolute_change_of_the_values_normalised_by_its_maximum():
+    v1, v2 = rand(2, 3, 5, 4, seed=1), rand(2, 3, 5, 4, seed=2)
+    chain = MetricChain()
+    assert torch.equal(chain.next_metric(v1), torch.ones(3, 1, 4))  # the first layer: M = I
+    s = chain.next_metric(v2)
+    for h in range(3):
+        m = [sum(abs(v2[b, h, n, d] - v1[b, h, n, d]).item() for b in range(2) for n in range(5)) / 10
+             for d in range(4)]
+        expected = [math.sqrt(max(x / max(m), METRIC_FLOOR)) for x in m]
+        torch.testing.assert_close(s[h, 0], torch.tensor(expected))
+    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4)), torch.ones(3, 1, 4))  # another shape: no estimate
+
+
+def test_elliptical_logits_are_the_mahalanobis_dot_product_and_the_quest_form_normalises_keys_in_it():
+    q, k, v = rand(1, 2, 3, 4, seed=3), rand(1, 2, 6, 4, seed=4), rand(1, 2, 6, 4, seed=5)
+    m = torch.rand(2, 1, 4, generator=torch.Generator().manual_seed(6)) + 0.1
+    for variant, expected_logits in (
+        ("elliptical", torch.einsum("bhid,hd,bhjd->bhij", q, m[:, 0], k) / 2.0),
+        ("elliptical-quest", torch.einsum("bhid,hd,bhjd->bhij", q, m[:, 0], k)
+         / torch.einsum("bhjd,hd,bhjd->bhj", k, m[:, 0], k).sqrt()[:, :, None, :]),
+    ):
+        kernel = qc.AttentionKernel(variant, 2, 4)
+        kernel.metric_chain = type("Fixed", (), {"next_metric": lambda self, v_: m.sqrt()})()
+        torch.testing.assert_close(kernel(q, k, v), expected_logits.softmax(-1) @ v)
+
+
+def test_a_linked_model_restarts_its_chain_at_every_forward_and_estimates_from_the_second_layer():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+    model = nn.TransformerEncoder(layer, 3, enable_nested_tensor=False).eval()
+    report = qc.swap_attention(model, "elliptical")
+    assert any("metric chain" in note for note in report.notes)
+    x = rand(2, 5, 16, seed=7)
+    first = model(x)
+    torch.testing.assert_close(model(x), first)  # nothing leaks from one forward into the next
+    metrics = [blk.self_attn.kernel._metric for blk in model.layers]
+    assert torch.equal(metrics[0], torch.ones(2, 1, 8))
+    assert all(not torch.allclose(m, torch.ones_like(m)) for m in metrics[1:])
+    first.sum().backward()  # the metric is detached: gradients flow through q, k, v as usual
+    assert model.layers[0].self_attn.in_proj_weight.grad is not None
+
+
+def test_an_unlinked_elliptical_kernel_says_what_to_do():
+    q = rand(1, 2, 3, 4)
+    with pytest.raises(RuntimeError, match=r"call quest_core.link_elliptical\(model\)"):
+        qc.AttentionKernel("elliptical", 2, 4)(q, q, q)
+    with pytest.raises(ValueError, match="learnable parameters or state, so it is a module"):
+        qc.attention(q, q, q, variant="elliptical-quest")
