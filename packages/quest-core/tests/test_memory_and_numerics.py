@@ -7,19 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import quest_core as qc
-from quest_core import AttentionKernel as _Kernel
+from core_helpers import rand
+from core_helpers import standalone_kernel as AttentionKernel
 from quest_core.functional import l2_normalize
-
-
-def AttentionKernel(*args, **kwargs):
-    """A kernel usable on its own: elliptical variants get their own metric chain (M = I: no previous layer)."""
-    kernel = _Kernel(*args, **kwargs)
-    qc.link_elliptical(kernel)
-    return kernel
-
-
-def rand(*shape, dtype=torch.float32, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def saved_storage_bytes(fn) -> int:

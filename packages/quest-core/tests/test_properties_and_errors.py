@@ -4,18 +4,8 @@ import pytest
 import torch
 
 import quest_core as qc
-from quest_core import AttentionKernel as _Kernel
-
-
-def AttentionKernel(*args, **kwargs):
-    """A kernel usable on its own: elliptical variants get their own metric chain (M = I: no previous layer)."""
-    kernel = _Kernel(*args, **kwargs)
-    qc.link_elliptical(kernel)
-    return kernel
-
-
-def rand(*shape, dtype=torch.float32, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+from core_helpers import rand
+from core_helpers import standalone_kernel as AttentionKernel
 
 
 def test_lists_the_variants():

@@ -16,6 +16,11 @@ from quest_core.variants import Side, Variant, get_variant, list_variants
 NORM_EPS = 1e-6  # an all-zero vector normalises to zero instead of NaN
 
 
+def reduction_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype norms and statistics are reduced in: float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 class _ScaledL2Normalize(torch.autograd.Function):
     """y = γ ⊙ x / max(‖x‖, eps) over the last dim, with an optional gain γ (shape (1,), (H, 1, 1) or (D,)).
 
@@ -29,7 +34,7 @@ class _ScaledL2Normalize(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, gain: torch.Tensor | None, eps: float) -> torch.Tensor:
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        compute = reduction_dtype(x)
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=compute)
         active = norm > eps  # where the clamp is active, y = γ x / eps is linear in x
         inv = norm.clamp_min_(eps).reciprocal_()
@@ -69,7 +74,7 @@ class _LayerNormSavingOutput(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        compute = reduction_dtype(x)
         xc = x.to(compute)
         var, mean = torch.var_mean(xc, dim=-1, keepdim=True, correction=0)
         rstd = (var + eps).rsqrt_()
@@ -261,7 +266,7 @@ def attention_probs(
     """
     if k_bhld.shape[-3] != q_bhld.shape[-3]:
         k_bhld = k_bhld.repeat_interleave(q_bhld.shape[-3] // k_bhld.shape[-3], dim=-3)
-    compute = torch.float64 if q_bhld.dtype == torch.float64 else torch.float32
+    compute = reduction_dtype(q_bhld)
     logits = (q_bhld.to(compute) * scale) @ k_bhld.to(compute).transpose(-2, -1)
     mask = additive_mask(attn_mask, is_causal, q_bhld.shape[-2], k_bhld.shape[-2], logits.dtype, logits.device)
     if mask is not None:

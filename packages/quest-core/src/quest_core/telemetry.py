@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from quest_core.functional import additive_mask
+from quest_core.functional import additive_mask, reduction_dtype
 
 STAT_NAMES = ("q_norm_mean", "q_norm_max", "k_norm_mean", "k_norm_max", "max_logit", "entropy_mean")
 _CHUNK_ELEMENTS = 1 << 22  # logits per chunk (16 MB in float32)
@@ -77,7 +77,7 @@ def attention_stats(
 
 def _row_norms(x: torch.Tensor) -> torch.Tensor:
     """L2 norms over the last dim, reduced in float32 (float64 for float64 inputs) without a converted copy."""
-    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    return torch.linalg.vector_norm(x, dim=-1, dtype=reduction_dtype(x))
 
 
 def _rows_of_mask(
