@@ -65,7 +65,7 @@ class FixedMetric:
     def __init__(self, s):
         self.s = s
 
-    def next_metric(self, v):
+    def next_metric(self, v, head_dim):
         return self.s[: v.shape[-3]]  # one per key/value head
 
 

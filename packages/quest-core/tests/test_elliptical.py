@@ -17,14 +17,16 @@ def rand(*shape, seed=0):
 def test_the_metric_is_the_mean_absolute_change_of_the_values_normalised_by_its_maximum():
     v1, v2 = rand(2, 3, 5, 4, seed=1), rand(2, 3, 5, 4, seed=2)
     chain = MetricChain()
-    assert torch.equal(chain.next_metric(v1), torch.ones(3, 1, 4))  # the first layer: M = I
-    s = chain.next_metric(v2)
+    assert torch.equal(chain.next_metric(v1, 4), torch.ones(3, 1, 4))  # the first layer: M = I
+    s = chain.next_metric(v2, 4)
     for h in range(3):
         m = [sum(abs(v2[b, h, n, d] - v1[b, h, n, d]).item() for b in range(2) for n in range(5)) / 10
              for d in range(4)]
         expected = [math.sqrt(max(x / max(m), METRIC_FLOOR)) for x in m]
         torch.testing.assert_close(s[h, 0], torch.tensor(expected))
-    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4)), torch.ones(3, 1, 4))  # another shape: no estimate
+    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 4), torch.ones(3, 1, 4))  # another shape: no estimate
+    chain.next_metric(rand(2, 3, 7, 4), 4)
+    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 6), torch.ones(3, 1, 6))  # values narrower than q, k
 
 
 def test_elliptical_logits_are_the_mahalanobis_dot_product_and_the_quest_form_normalises_keys_in_it():
@@ -36,7 +38,7 @@ def test_elliptical_logits_are_the_mahalanobis_dot_product_and_the_quest_form_no
          / torch.einsum("bhjd,hd,bhjd->bhj", k, m[:, 0], k).sqrt()[:, :, None, :]),
     ):
         kernel = qc.AttentionKernel(variant, 2, 4)
-        kernel.metric_chain = type("Fixed", (), {"next_metric": lambda self, v_: m.sqrt()})()
+        kernel.metric_chain = type("Fixed", (), {"next_metric": lambda self, v_, d_: m.sqrt()})()
         torch.testing.assert_close(kernel(q, k, v), expected_logits.softmax(-1) @ v)
 
 

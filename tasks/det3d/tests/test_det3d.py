@@ -15,7 +15,7 @@ from quest_det3d.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_det3d.evaluation import detection_config, evaluate, submission
 from quest_det3d.model import Detector, PillarEncoder
 from quest_det3d.simulator import ELEVATIONS_DEG, Actor, Scene, make_scene, sweep
-from quest_det3d.task import augment
+from quest_det3d.experiment import augment
 
 SAMPLES, SWEEPS = 4, 2  # key frames per scene; sweeps accumulated (the key frame and the non-key sweep before it)
 
@@ -213,7 +213,7 @@ def test_the_real_layout_loader_reads_a_fixture_tree_and_explains_a_wrong_one(si
 
 
 def test_lazy_clouds_equal_loaded_ones_and_corrupted_sets_are_reproducible(sim, val):
-    from quest_det3d.task import corrupt_set
+    from quest_det3d.experiment import corrupt_set
 
     lazy = D.load_split(sim[1], "mini_val", D.SIM_CLASSES, SWEEPS, 32.0, in_memory=False, progress=False)
     assert callable(lazy[3].source) and np.array_equal(lazy[3].points, val[3].points)

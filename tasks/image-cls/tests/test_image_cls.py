@@ -13,7 +13,8 @@ from quest_image_cls import data as D
 from quest_image_cls.attacks import adversarial_accuracy
 from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_image_cls.model import Classifier, build_vit, cls_attention
-from quest_image_cls.task import ImageClsTask, accuracy, materialise, train
+from quest_image_cls.experiment import accuracy, materialise, train
+from quest_image_cls.task import ImageClsTask
 
 
 def test_softmax_vit_matches_stock_timm_with_the_same_weights():

@@ -10,7 +10,8 @@ from quest_bench.runner import execute, resolve
 from quest_bench.spec import RunSpec
 from quest_lm.data import EOS, SHIPPED, UNK, BpeVocab, load_corpus, read_lines, split_path, unigram_perplexity
 from quest_lm.model import GPT
-from quest_lm.task import LmConfig, SpikeDetector, lr_factor, perplexity
+from quest_lm.experiment import SpikeDetector, lr_factor, perplexity
+from quest_lm.task import LmConfig
 
 FIXTURE = {  # three splits in the real WikiText layout (leading/trailing spaces, headings, blank lines)
     "train": [" ", " = Valkyria Chronicles III = ", " ", " Senjō no Valkyria 3 is a tactical role @-@ playing game . ",

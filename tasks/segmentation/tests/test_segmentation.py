@@ -7,21 +7,21 @@ import subprocess
 import sys
 
 import numpy as np
-import quest_segmentation  # noqa: F401  (the mmcv-lite shim, before mmengine/mmseg)
+import quest_segmentation.mmcv_shim  # noqa: F401  (the mmcv-lite shim, before mmengine/mmseg)
 import pytest
 import torch
 from mmengine.hooks import Hook
 from PIL import Image
 
 from quest_segmentation import data as D
-from quest_segmentation.task import CONFIGS
+from quest_segmentation.experiment import CONFIGS
 
 TINY = str(CONFIGS / "segmenter_vit-tiny_mosaics-64x64.py")
 PAPER = str(CONFIGS / "segmenter_vit-t_quest_8xb1-160k_ade20k-512x512.py")
 
 
 def test_the_shim_makes_mmseg_models_importable_and_names_missing_ops():
-    code = ("import quest_segmentation, mmseg.models, mmcv.ops\n"
+    code = ("import quest_segmentation.mmcv_shim, mmseg.models, mmcv.ops\n"
             "from mmseg.models.losses.focal_loss import _sigmoid_focal_loss\n"
             "try:\n    _sigmoid_focal_loss(None)\nexcept ModuleNotFoundError as e:\n    print('CLEAR:', e)\n"
             "print(mmcv.ops.point_sample.__module__)")
@@ -164,7 +164,7 @@ def runner_for(tmp_path, work_dir, iters, resume_from=None):
     from mmengine.config import Config
     from mmengine.runner import Runner
 
-    from quest_segmentation.task import set_iters
+    from quest_segmentation.experiment import set_iters
 
     root = D.texture_mosaics(64, 8, 64, seed=0, cache=tmp_path / "cache")
     cfg = Config.fromfile(TINY)

@@ -1,4 +1,4 @@
-"""The ``quest-bench`` command line: tasks, run, sweep, leaderboard."""
+"""The ``quest-bench`` command line: tasks, config, suites, run, sweep, runs, show, compare, export, leaderboard."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ from pathlib import Path
 import yaml
 
 from quest_bench.result import RunResult
-from quest_bench.spec import PRESETS, RunSpec
+from quest_bench.spec import PRESETS, RunSpec, slug
 
 EPILOG = """examples:
-  quest-bench tasks
+  quest-bench tasks                                   # tasks, presets, metrics, resources; variants
+  quest-bench config lm --preset small                # every config key: value, type, valid values, meaning
   quest-bench run spurious --attention quest --preset tiny
+  quest-bench run --spec results/adhoc/<folder>/spec.json   # repeat a run exactly
+  quest-bench suites                                  # suites, their size and estimated cost
   quest-bench sweep --suite smoke
+  quest-bench runs --suite smoke --status failed      # list runs; `show ID`, `compare ID ID` for one or several
+  quest-bench export --suite smoke --format csv
   quest-bench leaderboard --suite smoke
 """
 
@@ -48,11 +53,98 @@ def cmd_tasks(args) -> int:
     return 0
 
 
+def cmd_config(args) -> int:
+    from quest_bench.configdoc import describe_config
+    from quest_bench.registry import get_task
+
+    task = get_task(args.task)
+    overrides = parse_sets(args.set)
+    config = task.make_config(args.preset, overrides)
+    rows = describe_config(config)
+    if args.format == "json":
+        print(json.dumps({"task": task.name, "preset": args.preset, "config": rows}, indent=2, default=str))
+    elif args.format == "yaml":
+        print(yaml.safe_dump({r["key"]: r["value"] for r in rows}, sort_keys=False).rstrip())
+    else:
+        from quest_bench.runs import table
+
+        print(f"{task.name} (v{task.version}), preset {args.preset}" + (f", --set {overrides}" if overrides else ""))
+        print(table(["key", "value", "type", "valid", "meaning"],
+                    [[("*" if r["key"] in overrides or r["key"] in task.presets[args.preset] else " ") + r["key"],
+                      repr(r["value"]) if isinstance(r["value"], str) else str(r["value"]), r["type"], r["valid"],
+                      r["comment"]] for r in rows]))
+        print("(* = set by the preset or --set; the rest are the config class's defaults)")
+    return 0
+
+
+def cmd_suites(args) -> int:
+    from quest_bench.runs import collect, table
+    from quest_bench.suite import known_suites, load_suite
+
+    walls = {}  # earlier runs' wall time, by run_id and by (task, preset, overrides)
+    for r in (collect(Path(args.results)).results if Path(args.results).is_dir() else []):
+        if "wall_s" in r.cost and r.status != "failed":
+            walls[r.run_id] = r.cost["wall_s"]
+            walls.setdefault((r.task, r.preset, json.dumps(r.overrides, sort_keys=True)), r.cost["wall_s"])
+    rows = []
+    for name, path in known_suites().items():
+        try:
+            suite = load_suite(str(path))
+        except ValueError as err:
+            rows.append([name, "-", "-", "-", "-", f"invalid: {err}"[:60]])
+            continue
+        known = [walls.get(s.run_id, walls.get((s.task, s.preset, json.dumps(s.overrides, sort_keys=True))))
+                 for s in suite.specs]
+        seconds = sum(w for w in known if w is not None)
+        n_known = sum(w is not None for w in known)
+        cost = (f"~{seconds / 60:.0f} min of run time ({n_known} of {len(known)} runs measured before)" if n_known
+                else "unknown (no earlier runs)")
+        rows.append([suite.name, str(len(suite.specs)), ",".join(sorted({s.task for s in suite.specs})),
+                     str(len({s.variant for s in suite.specs})), str(len({s.seed for s in suite.specs})), cost])
+    print(table(["suite", "runs", "tasks", "variants", "seeds", "estimated cost (sum of run times)"], rows))
+    return 0
+
+
+def spec_from_args(args) -> RunSpec:
+    """The spec of `quest-bench run`: from TASK and options, or from --spec (a run's spec.json, with its data root and
+    thread count unless given here)."""
+    if args.spec and args.task:
+        raise ValueError("give a TASK or --spec PATH, not both")
+    if not args.spec:
+        if not args.task:
+            raise ValueError("give a TASK (see `quest-bench tasks`) or --spec PATH/spec.json")
+        return RunSpec(args.task, args.attention or "quest", args.preset or "tiny", args.seed or 0, parse_sets(args.set))
+    try:
+        record = json.loads(Path(args.spec).read_text())
+        spec = RunSpec.from_json(record)
+    except OSError as err:
+        raise ValueError(f"cannot read --spec {args.spec}: {err.strerror}") from None
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"--spec {args.spec} is not a run's spec.json: {err}") from None
+    if args.attention or args.preset or args.seed is not None or args.set:
+        raise ValueError("--spec repeats a run exactly: --attention, --preset, --seed and --set cannot be combined")
+    args.data_root = args.data_root or record.get("data_root")
+    args.threads = args.threads or record.get("torch_threads")
+    if spec.code_version:
+        from quest_bench.registry import code_version, get_task
+
+        now = code_version(get_task(spec.task))
+        if now != spec.code_version:
+            print(f"note: the spec was run with {spec.code_version}, this checkout has {now}: results may differ",
+                  file=sys.stderr)
+    return spec
+
+
 def cmd_run(args) -> int:
     from quest_bench.runner import execute, resolve
+    from quest_bench.store import spec_record
 
-    spec = resolve(RunSpec(args.task, args.attention, args.preset, args.seed, parse_sets(args.set)))
+    spec = resolve(spec_from_args(args))
     check_device(args.device)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(int(args.threads))
     out = Path(args.out) if args.out else Path("results") / "adhoc" / f"{spec.task}-{spec.variant}-{spec.run_id}"
     state = prepare_run_folder(out, spec, args.force)
     if state == "finished":
@@ -60,8 +152,9 @@ def cmd_run(args) -> int:
         print_result(RunResult.from_dict(json.loads((out / "result.json").read_text())), out)
         return 0
     print(f"{'resuming' if state == 'resume' else 'running'} {spec.label()} -> {out}", file=sys.stderr)
-    (out / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True))
+    (out / "spec.json").write_text(json.dumps(spec_record(spec), indent=2, sort_keys=True))
     result = execute(spec, out, device=args.device, data_root=args.data_root, progress=not args.quiet)
+    (out / "spec.json").write_text(json.dumps(spec_record(spec, result), indent=2, sort_keys=True))
     tmp = out / "result.json.tmp"
     tmp.write_text(result.to_json())
     tmp.replace(out / "result.json")
@@ -137,24 +230,79 @@ def cmd_sweep(args) -> int:
 
 def cmd_leaderboard(args) -> int:
     from quest_bench.leaderboard import write_leaderboard
-    from quest_bench.store import Store
+    from quest_bench.runs import ADHOC, adhoc_runs, collect
     from quest_bench.suite import load_suite, suite_name
 
     check_results_folder(Path(args.results))
-    name = suite_name(args.suite)
-    store = Store(Path(args.results) / name)
-    if not store.runs_dir.is_dir():
-        raise ValueError(f"no results for suite {name!r} under {args.results}; run `quest-bench sweep --suite {name}` first")
-    try:  # only the runs of the suite as defined now (same specs, same code versions)
-        run_ids = {spec.run_id for spec in load_suite(args.suite).specs}
-    except ValueError:  # no suite file (e.g. results copied from a cluster): every run in the folder
-        run_ids = None
-    out = Path(args.out) if args.out else store.root / "leaderboard"
+    if not args.suite and not args.adhoc:
+        raise ValueError("leaderboard needs --suite NAME (repeat to merge suites) and/or --adhoc")
+    names = [suite_name(s) for s in args.suite or []]
+    for name in names:
+        if not (Path(args.results) / name / "runs").is_dir():
+            raise ValueError(f"no results for suite {name!r} under {args.results}; run `quest-bench sweep --suite "
+                             f"{name}` first")
+    runs = collect(Path(args.results), names, False) if names else adhoc_runs(Path(args.results))
+    if names and args.adhoc:
+        runs.merge(adhoc_runs(Path(args.results)))
+    run_ids = set()  # only the runs of the suites as defined now (same specs, same code versions)
+    for given in args.suite or []:
+        try:
+            run_ids |= {spec.run_id for spec in load_suite(given).specs}
+        except ValueError:  # no suite file (e.g. results copied from a cluster): every run of that suite
+            run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == suite_name(given)}
+    if args.adhoc:
+        run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == ADHOC}
+    title = "+".join(names + ([ADHOC] if args.adhoc else []))
+    default = Path(args.results) / (names[0] if len(names) == 1 and not args.adhoc else ADHOC if not names
+                                    else f"merged-{slug('+'.join(names + ([ADHOC] if args.adhoc else [])))}")
+    out = Path(args.out) if args.out else default / "leaderboard"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder")
-    out = write_leaderboard(store, name, run_ids, out)
+    out = write_leaderboard(runs, title, run_ids, out)
     print((out / "README.md").read_text())
     print(f"leaderboard: {out / 'README.md'}\n             {out / 'index.html'}")
+    return 0
+
+
+def cmd_runs(args) -> int:
+    from quest_bench.runs import collect, list_table
+
+    check_results_folder(Path(args.results))
+    print(list_table(collect(Path(args.results), args.suite, args.adhoc), args.task, args.variant, args.status))
+    return 0
+
+
+def cmd_show(args) -> int:
+    from quest_bench.runs import collect, find_run, show_text
+
+    runs = collect(Path(args.results))
+    print(show_text(runs, find_run(runs, args.run_id)))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from quest_bench.runs import collect, compare_text, find_run
+
+    if len(args.run_ids) < 2:
+        raise ValueError("compare needs at least two run ids")
+    runs = collect(Path(args.results))
+    print(compare_text(runs, [find_run(runs, i) for i in args.run_ids], args.all))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from quest_bench.runs import ADHOC, collect, export
+
+    check_results_folder(Path(args.results))
+    if not args.suite and not args.adhoc:
+        raise ValueError("export needs --suite NAME (repeatable) and/or --adhoc")
+    runs = collect(Path(args.results), args.suite, args.adhoc)
+    name = "+".join(args.suite or []) + ("+" if args.suite and args.adhoc else "") + (ADHOC if args.adhoc else "")
+    out = Path(args.out) if args.out else Path(args.results) / (args.suite[0] if args.suite and len(args.suite) == 1
+                                                                 and not args.adhoc else "exports") / f"{slug(name)}.{args.format}"
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give a file name")
+    print(f"{export(runs, out, args.format)} runs -> {out}")
     return 0
 
 
@@ -164,11 +312,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("tasks", help="list tasks, presets, metrics and variants").set_defaults(fn=cmd_tasks)
 
+    sub.add_parser("suites", help="list the suites with their size and estimated cost").set_defaults(fn=cmd_suites)
+    config = sub.add_parser("config", help="a task's config keys: resolved value, type, valid values, meaning")
+    config.add_argument("task")
+    config.add_argument("--preset", default="tiny", choices=PRESETS)
+    config.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    config.add_argument("--format", default="table", choices=["table", "yaml", "json"])
+    config.set_defaults(fn=cmd_config)
+
     run = sub.add_parser("run", help="run one task in this process (no Ray)")
-    run.add_argument("task")
-    run.add_argument("--attention", default="quest", help="attention variant (see `quest-bench tasks`)")
-    run.add_argument("--preset", default="tiny", choices=PRESETS)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("task", nargs="?", help="task name (see `quest-bench tasks`), or use --spec")
+    run.add_argument("--spec", help="repeat a run exactly from its spec.json (with its data root and thread count)")
+    run.add_argument("--attention", help="attention variant (default quest; see `quest-bench tasks`)")
+    run.add_argument("--preset", choices=PRESETS, help="default tiny")
+    run.add_argument("--seed", type=int, help="default 0")
+    run.add_argument("--threads", type=int, help="torch threads (default: torch's; --spec: the recorded count)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a task config key")
     run.add_argument("--data-root", help="folder with real datasets (defaults use shipped or generated data)")
     run.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -197,11 +355,38 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true")
     sweep.set_defaults(fn=cmd_sweep)
 
-    board = sub.add_parser("leaderboard", help="aggregate a suite's results into Markdown + HTML")
-    board.add_argument("--suite", required=True)
+    board = sub.add_parser("leaderboard", help="aggregate results into Markdown + HTML: one suite, several merged "
+                           "(--suite A --suite B), or the ad-hoc runs (--adhoc)")
+    board.add_argument("--suite", action="append", help="suite name or file (repeat to merge suites)")
+    board.add_argument("--adhoc", action="store_true", help="the runs of `quest-bench run` under <results>/adhoc")
     board.add_argument("--results", default="results")
     board.add_argument("--out", help="output folder (default: <results>/<suite>/leaderboard)")
     board.set_defaults(fn=cmd_leaderboard)
+
+    runs = sub.add_parser("runs", help="list finished runs (all suites and ad-hoc runs by default)")
+    runs.add_argument("--suite", action="append", help="only this suite (repeatable)")
+    runs.add_argument("--adhoc", action="store_true", help="only the ad-hoc runs (with --suite: those as well)")
+    runs.add_argument("--task")
+    runs.add_argument("--variant")
+    runs.add_argument("--status", choices=["ok", "diverged", "failed"])
+    runs.add_argument("--results", default="results")
+    runs.set_defaults(fn=cmd_runs)
+    show = sub.add_parser("show", help="one run: spec, outcome, metrics, cost, environment, files")
+    show.add_argument("run_id", help="a run id or its first characters (at least 4)")
+    show.add_argument("--results", default="results")
+    show.set_defaults(fn=cmd_show)
+    compare = sub.add_parser("compare", help="runs side by side, differing config keys marked")
+    compare.add_argument("run_ids", nargs="+")
+    compare.add_argument("--all", action="store_true", help="every config key, not only the differing ones")
+    compare.add_argument("--results", default="results")
+    compare.set_defaults(fn=cmd_compare)
+    exp = sub.add_parser("export", help="one row per run with flattened metrics, as CSV, JSON or Parquet")
+    exp.add_argument("--suite", action="append", help="suite name (repeatable)")
+    exp.add_argument("--adhoc", action="store_true")
+    exp.add_argument("--format", default="csv", choices=["csv", "json", "parquet"])
+    exp.add_argument("--out", help="file (default: <results>/<suite>/<suite>.<format>)")
+    exp.add_argument("--results", default="results")
+    exp.set_defaults(fn=cmd_export)
     return parser
 
 

@@ -32,6 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from quest_bench.result import RunResult  # noqa: E402
 from quest_bench.robustness import CORRUPTION_ERROR  # noqa: E402
 from quest_bench.stats import bootstrap_ci, mean_std, mean_win_rate, paired_difference  # noqa: E402
+from quest_bench.runs import RunSet, suite_runs  # noqa: E402
 from quest_bench.spec import slug  # noqa: E402
 from quest_bench.store import Store, is_finished, unusable_reason  # noqa: E402
 
@@ -107,12 +108,12 @@ class TaskBoard:
                 ratios.append(ours / base)
         return 100 * sum(ratios) / len(ratios) if ratios else float("nan")
 
-    def figure_links(self, store_root: Path, folder: Path) -> list[str]:
+    def figure_links(self, run_folders: dict[str, Path], folder: Path) -> list[str]:
         """Markdown links to each variant's per-run figures (first finished run), relative to ``folder``."""
         links = []
         for v in self.variants:
             runs = sorted(self.ok(v), key=lambda r: r.seed)
-            pngs = sorted((store_root / "runs" / runs[0].run_id).glob("*.png")) if runs else []
+            pngs = sorted(run_folders[runs[0].run_id].glob("*.png")) if runs else []
             links += [f"[{v}: {p.stem} (seed {runs[0].seed})]({os.path.relpath(p, folder)})" for p in pngs]
         return links
 
@@ -184,8 +185,8 @@ def bar_figure(board: TaskBoard, path: Path) -> None:
     plt.close(fig)
 
 
-def read_events(store: Store, run_id: str) -> list[dict]:
-    path = store.run_dir(run_id) / "events.jsonl"
+def read_events(run_folder: Path) -> list[dict]:
+    path = run_folder / "events.jsonl"
     rows = []
     if path.exists():
         for line in path.read_text().splitlines():
@@ -196,12 +197,12 @@ def read_events(store: Store, run_id: str) -> list[dict]:
     return rows
 
 
-def curves_figure(board: TaskBoard, store: Store, path: Path) -> bool:
+def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path) -> bool:
     """Training curves averaged over each variant's runs; False if no run logged any."""
     series: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for variant in board.variants:
         for r in board.by_variant[variant]:
-            for row in read_events(store, r.run_id):
+            for row in read_events(run_folders[r.run_id]):
                 for key in CURVE_KEYS:
                     if key in row and math.isfinite(row[key]):
                         series[key][variant][row["step"]].append(row[key])
@@ -378,40 +379,46 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
             f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
 
 
-def write_leaderboard(store: Store, suite: str, run_ids: set[str] | None = None, folder: Path | None = None) -> Path:
-    """Write README.md, index.html and the PNG figures to ``folder`` (default <results>/<suite>/leaderboard/);
-    return that folder.
+def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None = None,
+                      folder: Path | None = None) -> Path:
+    """Write README.md, index.html and the PNG figures to ``folder`` (default <results>/<suite>/leaderboard/ for a
+    Store); return that folder. ``runs``: one suite's Store, or any RunSet (ad-hoc runs, several suites merged).
 
     ``run_ids``: the runs of the suite as defined now; others in the folder (older code versions) are left out.
     Runs that cannot be used (failed, or ok without a finite primary metric) get one warning line each on stderr;
     failed ones are counted in the tables, and the next sweep runs them again.
     """
-    results = store.load()
+    if isinstance(runs, Store):
+        folder = runs.root / "leaderboard" if folder is None else folder
+        runs = suite_runs(runs.root.parent, runs.root.name)
+    if folder is None:
+        raise ValueError("write_leaderboard needs an output folder for runs that are not one suite's")
+    results = runs.results
     ignored = 0
     if run_ids is not None:
         kept = [r for r in results if r.run_id in run_ids]
         ignored, results = len(results) - len(kept), kept
     if not results:
-        raise ValueError(f"suite {suite!r} has no results yet in {store.root}")
+        raise ValueError(f"{suite!r} has no results yet")
     for r in results:
         problem = unusable_reason(r)
         if problem:
             print(f"warning: run {r.run_id} ({r.task}/{r.variant}/seed {r.seed}) not counted: {problem}; the next "
                   "sweep runs it again", file=sys.stderr)
     boards = group(results)
-    folder = Path(folder) if folder is not None else store.root / "leaderboard"
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     figures: dict[str, list[str]] = {}
     for b in boards:
         stem = slug(f"{b.task}-{b.preset}")
         bar_figure(b, folder / f"{stem}-bars.png")
         figures[b.title] = [f"{stem}-bars.png"]
-        if curves_figure(b, store, folder / f"{stem}-curves.png"):
+        if curves_figure(b, runs.folders, folder / f"{stem}-curves.png"):
             figures[b.title].append(f"{stem}-curves.png")
         if b.margin_rates():
             margin_figure(b, folder / f"{stem}-margin.png")
             figures[b.title].append(f"{stem}-margin.png")
-    links = {b.title: b.figure_links(store.root, folder) for b in boards}
+    links = {b.title: b.figure_links(runs.folders, folder) for b in boards}
     md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links)
     (folder / "README.md").write_text(md_text)
     (folder / "index.html").write_text(to_html(suite, md_text, folder))

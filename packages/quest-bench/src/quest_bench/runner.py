@@ -9,6 +9,7 @@ Test-only fault injection (``QUEST_BENCH_FAULTS``, comma-separated, inherited by
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
 import resource
@@ -64,7 +65,8 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     result = RunResult(
         run_id=spec.run_id, task=spec.task, task_version=task.version, variant=spec.variant, preset=spec.preset,
         seed=spec.seed, overrides=dict(spec.overrides), status="ok", primary_metric=task.primary_metric,
-        higher_is_better=task.higher_is_better, metric_directions=task.metric_directions(), env=environment(device),
+        higher_is_better=task.higher_is_better, metric_directions=task.metric_directions(),
+        env=environment(device, data_root),
     )
     diverge_step = int(injected["diverge_at_step"]) if "diverge_at_step" in injected else None
     ctx = RunContext(out_dir, spec.variant, spec.seed, device, data_root, progress, fault_diverge_step=diverge_step)
@@ -94,10 +96,11 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     result.cost["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device == "cuda":
         result.cost["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    result.finished_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return result
 
 
-def environment(device: str) -> dict:
+def environment(device: str, data_root: str | None = None) -> dict:
     versions = {}
     for name in PACKAGES:
         try:
@@ -107,7 +110,8 @@ def environment(device: str) -> dict:
     import torch
 
     return {"packages": versions, "python": platform.python_version(), "host": socket.gethostname(),
-            "device": device, "torch_threads": torch.get_num_threads(), "pid": os.getpid(), **git_state()}
+            "device": device, "torch_threads": torch.get_num_threads(), "pid": os.getpid(), "data_root": data_root,
+            **git_state()}
 
 
 def git_state() -> dict:

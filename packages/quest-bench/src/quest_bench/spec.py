@@ -49,7 +49,8 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "RunSpec":
-        return cls(**{k: v for k, v in data.items() if k != "run_id"})
+        """The spec in a spec.json (its other keys, such as the run_id and the data root, are left out)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def label(self) -> str:
         sets = ",".join(f"{k}={v}" for k, v in sorted(self.overrides.items()))

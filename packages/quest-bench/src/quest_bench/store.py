@@ -52,6 +52,16 @@ def is_finished(result: RunResult) -> bool:
     return unusable_reason(result) is None
 
 
+def spec_record(spec: RunSpec, result: RunResult | None = None) -> dict:
+    """What spec.json holds: the spec (its run_id) and, once the run has an environment, what `quest-bench run
+    --spec` needs to repeat it exactly and the run_id does not cover: the data root and the torch thread count."""
+    record = spec.to_json()
+    if result is not None:
+        record["data_root"] = result.env.get("data_root")
+        record["torch_threads"] = result.env.get("torch_threads")
+    return record
+
+
 class Store:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -72,7 +82,7 @@ class Store:
         """Write spec.json and result.json (atomically) and upsert the index row."""
         folder = self.run_dir(spec.run_id)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "spec.json").write_text(json.dumps(spec.to_json(), indent=2, sort_keys=True))
+        (folder / "spec.json").write_text(json.dumps(spec_record(spec, result), indent=2, sort_keys=True))
         tmp = folder / "result.json.tmp"
         tmp.write_text(result.to_json())
         os.replace(tmp, folder / "result.json")

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
 from dataclasses import dataclass
@@ -41,12 +42,21 @@ def find_suite(name_or_path: str) -> Path:
         if not path.exists():
             raise ValueError(f"suite file {name_or_path!r} does not exist")
         return path
-    dirs = [Path.cwd() / "configs" / "suites", REPO_ROOT / "configs" / "suites"]
-    for d in dirs:
-        if (d / f"{name_or_path}.yaml").exists():
-            return d / f"{name_or_path}.yaml"
-    known = sorted({p.stem for d in dirs if d.exists() for p in d.glob("*.yaml")})
-    raise ValueError(f"unknown suite {name_or_path!r}; known suites: {', '.join(known) or '(none)'}")
+    known = known_suites()
+    if name_or_path in known:
+        return known[name_or_path]
+    close = difflib.get_close_matches(name_or_path, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown suite {name_or_path!r}; known suites: {', '.join(known) or '(none)'}.{hint}")
+
+
+def known_suites() -> dict[str, Path]:
+    """Suite files by name: ./configs/suites first, then the repository's configs/suites."""
+    out = {}
+    for folder in (Path.cwd() / "configs" / "suites", REPO_ROOT / "configs" / "suites"):
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            out.setdefault(path.stem, path)
+    return dict(sorted(out.items()))
 
 
 def suite_name(name_or_path: str) -> str:

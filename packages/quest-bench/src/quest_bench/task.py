@@ -92,16 +92,22 @@ class RunContext:
         self.progress, self.max_logit_limit = progress, max_logit
         self.fault_diverge_step = fault_diverge_step  # test-only fault injection (see quest_bench.runner)
         self.telemetry_last: dict[str, float] = {}
+        self._bar = None
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._events = open(self.out_dir / "events.jsonl", "w")
 
-    def bar(self, total: int, desc: str):
-        return tqdm(total=total, desc=desc, disable=not self.progress, leave=False, dynamic_ncols=True)
+    def bar(self, total: int, desc: str, unit: str = "step"):
+        """The run's progress bar (steps per second shown as throughput; the loss of the latest logged row is
+        added by ``log``)."""
+        self._bar = tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False, dynamic_ncols=True)
+        return self._bar
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Append one row of training curves (loss, telemetry, task-specific values) to events.jsonl."""
         self._events.write(json.dumps({"step": step, **{k: float(v) for k, v in values.items()}}) + "\n")
         self._events.flush()
+        if self._bar is not None and "loss" in values:
+            self._bar.set_postfix(loss=f"{float(values['loss']):.3f}", refresh=False)
 
     def check(self, step: int, loss: float, telemetry: dict[str, float] | None = None) -> None:
         """Raise Diverged on a non-finite loss or exploding attention logits."""

@@ -13,20 +13,33 @@ fused ``F.scaled_dot_product_attention`` call with an explicit scale.
 - ``Telemetry``: opt-in per-layer query/key norms, max logit and attention entropy.
 """
 
-from quest_core.elliptical import MetricChain, link_elliptical
-from quest_core.functional import attention, l2_normalize
-from quest_core.kernel import AttentionKernel, no_weight_decay
-from quest_core.modules import MultiheadAttention, SelfAttention
-from quest_core.surgery import SwapReport, swap_attention
-from quest_core.telemetry import Telemetry, summarize
-from quest_core.variants import (Param, Side, Variant, VariantSpec, get_variant, henry_scale_init, list_variants,
-                                 register_variant)
+import importlib
 
-__all__ = [
-    "AttentionKernel", "MetricChain", "MultiheadAttention", "Param", "SelfAttention", "Side", "SwapReport", "Telemetry", "Variant",
-    "VariantSpec", "attention", "get_variant", "henry_scale_init", "l2_normalize", "link_elliptical", "list_variants",
-    "no_weight_decay", "register_variant", "summarize", "swap_attention", "timm_attn_layer",
-]
+# Names load on first use (PEP 562), so that `import quest_core` and the variant registry (pure Python) do not
+# import torch: a command that only lists variants stays fast. `from quest_core import X` works as usual.
+_EXPORTS = {
+    "MetricChain": "elliptical", "link_elliptical": "elliptical",
+    "attention": "functional", "l2_normalize": "functional",
+    "AttentionKernel": "kernel", "no_weight_decay": "kernel",
+    "MultiheadAttention": "modules", "SelfAttention": "modules",
+    "SwapReport": "surgery", "swap_attention": "surgery",
+    "Telemetry": "telemetry", "summarize": "telemetry",
+    **{name: "variants" for name in ("Param", "Side", "Variant", "VariantSpec", "get_variant", "henry_scale_init",
+                                     "list_variants", "register_variant")},
+}
+__all__ = sorted([*_EXPORTS, "timm_attn_layer"])
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'quest_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"quest_core.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
 
 
 def timm_attn_layer(variant: str):

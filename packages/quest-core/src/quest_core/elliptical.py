@@ -9,8 +9,9 @@ layers: m_d ∝ mean over tokens of |v^ℓ_d − v^{ℓ−1}_d|. What the paper 
 - **Normalisation**: m / max_d(m) per head, so m ∈ (0, 1] and the largest coordinate keeps the dot product's scale;
   a floor of 1e-6 keeps every coordinate (a zero would drop a dim from the logits entirely).
 - **The first layer**, and any layer whose previous layer's values have another shape (a hierarchical model's next
-  stage, a cross-attention with another length), has no estimate: it uses M = I (plain dot product; for
-  ``elliptical-quest``, QUEST).
+  stage, a cross-attention with another length) or whose values have another width than its queries and keys
+  (the metric lives on the q·k coordinates and is read off the values, so the two must match), has no estimate:
+  it uses M = I (plain dot product; for ``elliptical-quest``, QUEST).
 - **Gradients**: the estimate is a statistic of the forward pass, detached (no gradient flows through M).
 - **Consecutive** means consecutive in call order within one forward of the model: ``link_elliptical(model)`` puts
   every kernel of the model on one ``MetricChain`` and restarts it at each forward of ``model``.
@@ -37,11 +38,12 @@ class MetricChain:
         self.previous_v = None
 
     @torch.no_grad()
-    def next_metric(self, v_bhld: torch.Tensor) -> torch.Tensor:
-        """sqrt(m) for the layer whose values are ``v_bhld`` (..., H, L, D), shaped (H, 1, D); then remember v."""
+    def next_metric(self, v_bhld: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """sqrt(m) for the layer whose values are ``v_bhld`` (..., H, L, Dv) and whose q, k have ``head_dim``
+        coordinates, shaped (H, 1, head_dim); then remember v."""
         previous, self.previous_v = self.previous_v, v_bhld.detach()
-        if previous is None or previous.shape != v_bhld.shape:
-            return torch.ones(v_bhld.shape[-3], 1, v_bhld.shape[-1], dtype=torch.float32, device=v_bhld.device)
+        if previous is None or previous.shape != v_bhld.shape or v_bhld.shape[-1] != head_dim:
+            return torch.ones(v_bhld.shape[-3], 1, head_dim, dtype=torch.float32, device=v_bhld.device)
         change = (v_bhld.float() - previous.float()).abs()
         m = change.flatten(0, -4).mean(dim=(0, 2)) if change.dim() > 3 else change.mean(dim=1)  # (H, D)
         m = m / m.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)

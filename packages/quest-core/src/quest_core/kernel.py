@@ -65,7 +65,7 @@ class AttentionKernel(nn.Module):
         if self.metric_chain is None:
             raise RuntimeError(f"variant {self.variant!r} needs the previous layer's values: call "
                                "quest_core.link_elliptical(model) once on the model (swap_attention does)")
-        self._metric = self.metric_chain.next_metric(v)
+        self._metric = self.metric_chain.next_metric(v, self.head_dim)
 
     def transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q̂, k̂): the variant's transform of q and k, laid out (..., H, L, D) (or (H, E, D) per edge)."""

@@ -5,20 +5,10 @@ leaderboard), attention telemetry."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
-from quest_bench.robustness import corruption_summary
 from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import adamw_warmup_cosine, report_step
-from quest_core import Telemetry
-from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
-from quest_points.data import load
-from quest_points.model import build_model
 
 
 @dataclass
@@ -81,105 +71,6 @@ class PointsTask(Task):
                  "paper": Resources(num_cpus=8, num_gpus=1)}
 
     def run(self, cfg: PointsConfig, ctx) -> TaskOutput:
-        torch.manual_seed(ctx.seed)
-        device = torch.device(ctx.device)
-        data = load(cfg.dataset, ctx.data_root, cfg.sample_points, cfg.scanobjectnn_split)
-        points = cfg.global_points if cfg.model == "global" else cfg.local_points
-        model = make_model(cfg, len(data.classes), ctx.variant).to(device)
-        steps = train(model, cfg, points, data.train_x, data.train_y, ctx, device)
+        from quest_points.experiment import run  # torch and the task's stack load only here
 
-        test_x = subsample(data.test_x, points, torch.Generator().manual_seed(10_000 + ctx.seed))
-        pred = predict(model, test_x, device)
-        metrics = {"test_acc": (pred == data.test_y).float().mean().item(),
-                   "mean_class_acc": mean_class_accuracy(pred, data.test_y, len(data.classes))}
-        keep = torch.arange(len(test_x))  # the test set is sorted by class: subsample at random, not the first n
-        if cfg.corruption_samples and cfg.corruption_samples < len(test_x):
-            keep = torch.randperm(len(test_x), generator=torch.Generator().manual_seed(ctx.seed))[:cfg.corruption_samples]
-        x_c, y_c = test_x[keep], data.test_y[keep]
-        metrics.update(corruption_summary({
-            name: [(predict(model, corrupt(x_c, name, s, seed=ctx.seed * 1000 + 10 * i + s), device) == y_c)
-                   .float().mean().item() for s in SEVERITIES]
-            for i, name in enumerate(CORRUPTIONS)
-        }))
-        metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
-        return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
-                          samples_seen=steps * cfg.batch_size)
-
-
-def make_model(cfg: PointsConfig, num_classes: int, variant: str) -> torch.nn.Module:
-    if cfg.model == "global":
-        return build_model("global", num_classes, variant, groups=cfg.groups, group_size=cfg.group_size,
-                           dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, point_width=cfg.point_width)
-    dims = tuple(int(d) for d in cfg.local_dims.split(","))
-    return build_model(cfg.model, num_classes, variant, dims=dims, num_heads=cfg.num_heads, k=cfg.k)
-
-
-def as_graph(x_bp3: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense clouds (B, P, 3) as torch-geometric's flat ``pos`` (B*P, 3) and ``batch`` (B*P,)."""
-    b, p, _ = x_bp3.shape
-    return x_bp3.reshape(-1, 3).to(device), torch.arange(b, device=device).repeat_interleave(p)
-
-
-def subsample(x_bn3: torch.Tensor, num_points: int, gen: torch.Generator) -> torch.Tensor:
-    """A random subset of ``num_points`` points of each cloud (all of them if it has no more)."""
-    if x_bn3.shape[1] <= num_points:
-        return x_bn3
-    idx = torch.rand(x_bn3.shape[:2], generator=gen).argsort(1)[:, :num_points]
-    return torch.gather(x_bn3, 1, idx[..., None].expand(-1, -1, 3))
-
-
-def augment(x_bp3: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    scale = 2 / 3 + (3 / 2 - 2 / 3) * torch.rand((x_bp3.shape[0], 1, 3), generator=gen)
-    shift = 0.4 * torch.rand((x_bp3.shape[0], 1, 3), generator=gen) - 0.2
-    return x_bp3 * scale + shift
-
-
-def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tensor, ctx, device) -> int:
-    """AdamW with warm-up + cosine, label smoothing, scale/shift augmentation; returns the number of steps."""
-    gen = torch.Generator().manual_seed(ctx.seed)
-    per_epoch = len(x) // cfg.batch_size
-    if per_epoch == 0:
-        raise ValueError(f"{len(x)} training clouds is fewer than one batch of {cfg.batch_size}")
-    steps = cfg.epochs * per_epoch
-    optimizer, scheduler = adamw_warmup_cosine(model, cfg.lr, cfg.weight_decay, steps,
-                                               int(cfg.warmup_epochs * per_epoch))
-    telemetry = Telemetry(model, max_queries=64)
-    step = 0
-    model.train()
-    with ctx.bar(steps, f"points/{cfg.model}") as bar:
-        for _ in range(cfg.epochs):
-            order = torch.randperm(len(x), generator=gen)
-            for i in range(per_epoch):
-                idx = order[i * cfg.batch_size: (i + 1) * cfg.batch_size]
-                clouds = subsample(x[idx], points, gen)
-                if cfg.augment:
-                    clouds = augment(clouds, gen)
-                pos, batch = as_graph(clouds, device)
-                logging = step % cfg.log_every == 0 or step == steps - 1
-                with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
-                    loss = F.cross_entropy(model(pos, batch), y[idx].to(device), label_smoothing=cfg.label_smoothing)
-                    per_layer = telemetry.snapshot() if logging else {}
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"])
-    model.eval()
-    return steps
-
-
-@torch.no_grad()
-def predict(model, x_bn3: torch.Tensor, device, batch_size: int = 64) -> torch.Tensor:
-    model.eval()
-    out = []
-    for i in range(0, len(x_bn3), batch_size):
-        pos, batch = as_graph(x_bn3[i: i + batch_size], device)
-        out.append(model(pos, batch).argmax(-1).cpu())
-    return torch.cat(out)
-
-
-def mean_class_accuracy(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> float:
-    """The mean over classes present in ``target`` of the per-class recall."""
-    recalls = [(pred[target == c] == c).float().mean().item() for c in range(num_classes) if (target == c).any()]
-    return sum(recalls) / len(recalls)
+        return run(cfg, ctx)

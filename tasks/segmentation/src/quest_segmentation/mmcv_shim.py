@@ -79,3 +79,8 @@ def allow_mmengine_checkpoints() -> None:
         np.core.multiarray._reconstruct, np.core.multiarray.scalar, np.ndarray, np.dtype,  # numpy values in them
         *{type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")},
     ])
+
+
+# Importing this module installs both fixes (idempotent): import it before mmseg, mmcv or mmengine.
+install_mmcv_ops_shim()
+allow_mmengine_checkpoints()

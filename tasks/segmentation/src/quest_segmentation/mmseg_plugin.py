@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import quest_segmentation.mmcv_shim  # noqa: F401,I001  (first: the mmcv-lite shim, before mmcv and mmseg)
+
 import numpy as np
 import torch
 from mmcv.cnn.bricks.transformer import MultiheadAttention as MmcvMultiheadAttention

@@ -8,21 +8,10 @@ typed ``SegmentationConfig`` below holds what quest-bench varies and writes it i
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from pathlib import Path
 
-import quest_segmentation  # noqa: F401  (the mmcv-lite shim, before mmseg is imported)
-from mmengine.hooks import Hook
-from quest_bench.robustness import corruption_summary
 from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_core import Telemetry, summarize
-from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES
-from quest_segmentation import data as D
-from quest_segmentation.figures import prediction_figure
-
-CONFIGS = Path(__file__).parent / "configs"
 
 
 @dataclass
@@ -62,133 +51,6 @@ class SegmentationTask(Task):
                  "paper": Resources(num_cpus=8, num_gpus=1)}
 
     def run(self, cfg: SegmentationConfig, ctx) -> TaskOutput:
-        from mmengine.runner import Runner
+        from quest_segmentation.experiment import run  # torch and the task's stack load only here
 
-        mm_cfg, data_id = mmseg_config(cfg, ctx)
-        runner = Runner.from_cfg(mm_cfg)
-        runner.register_hook(QuestRunHook(ctx, mm_cfg.train_cfg.max_iters, cfg.log_every), priority="LOW")
-        runner.train()
-        clean = runner.test()
-        metrics = {"miou": clean["mIoU"] / 100, "aacc": clean["aAcc"] / 100, "macc": clean["mAcc"] / 100}
-        if cfg.corruption_samples:
-            metrics.update(corruption_metrics(runner, mm_cfg, cfg.corruption_samples, ctx.seed))
-        if cfg.figure_images:
-            prediction_figure(runner, cfg.figure_images, Path(ctx.out_dir) / "predictions.png",
-                              f"{ctx.variant}: validation predictions (mIoU {metrics['miou']:.3f})")
-        metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
-        samples = mm_cfg.train_cfg.max_iters * mm_cfg.train_dataloader.batch_size
-        return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)
-
-
-def mmseg_config(cfg: SegmentationConfig, ctx):
-    """The mmengine ``Config`` for one run: the named mmseg config plus the run's variant, data, seed and folders."""
-    from mmengine.config import Config
-
-    path = Path(cfg.config) if Path(cfg.config).is_file() else CONFIGS / cfg.config
-    if not path.is_file():
-        raise FileNotFoundError(f"no mmseg config {cfg.config!r}; shipped: "
-                                f"{', '.join(sorted(p.name for p in CONFIGS.glob('*.py')))} (or give a path)")
-    mm_cfg = Config.fromfile(str(path))
-    if cfg.dataset == "mosaics":
-        root = D.texture_mosaics(cfg.mosaic_train, cfg.mosaic_val, cfg.mosaic_size)
-        data_id = f"texture mosaics {root.name}"
-    elif cfg.dataset == "ade20k":
-        if not ctx.data_root:
-            raise ValueError("dataset 'ade20k' is read from --data-root; none given")
-        root = D.ade20k_root(ctx.data_root)
-        data_id = str(root)
-    else:
-        raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: mosaics, ade20k")
-    for loader in ("train_dataloader", "val_dataloader", "test_dataloader"):
-        mm_cfg[loader].dataset.data_root = str(root)
-        if cfg.num_workers >= 0:
-            mm_cfg[loader].num_workers = cfg.num_workers
-            mm_cfg[loader].persistent_workers = cfg.num_workers > 0
-    mm_cfg.model.attention = ctx.variant
-    if cfg.pretrained:
-        weights = Path(cfg.pretrained)
-        mm_cfg.model.pretrained = str(weights if weights.is_absolute() else Path(ctx.data_root or ".") / weights)
-    if cfg.batch_size:
-        mm_cfg.train_dataloader.batch_size = cfg.batch_size
-    if cfg.lr:
-        mm_cfg.optim_wrapper.optimizer.lr = cfg.lr
-    if cfg.iters:
-        set_iters(mm_cfg, cfg.iters)
-    mm_cfg.work_dir = str(Path(ctx.out_dir) / "mmseg")
-    # mmengine keeps one Visualizer per name per process; a Ray worker runs many runs, so name it per run.
-    mm_cfg.visualizer.name = f"visualizer-{Path(ctx.out_dir).name}-{id(ctx)}"
-    mm_cfg.randomness = dict(seed=ctx.seed, deterministic=False)
-    if ctx.device == "cpu":
-        mm_cfg.env_cfg.dist_cfg = dict(backend="gloo")
-    return mm_cfg, data_id
-
-
-def set_iters(mm_cfg, iters: int) -> None:
-    """Shorten or lengthen the schedule: the loop, the checkpoint interval and the schedulers' ends (scaled)."""
-    old = mm_cfg.train_cfg.max_iters
-    mm_cfg.train_cfg.max_iters = iters
-    mm_cfg.train_cfg.val_interval = iters + 1  # validation once, after training (runner.test)
-    mm_cfg.default_hooks.checkpoint.interval = iters
-    for sched in mm_cfg.param_scheduler:
-        sched.begin = round(sched.get("begin", 0) * iters / old)
-        sched.end = max(sched.begin + 1, round(sched.get("end", old) * iters / old))
-
-
-class QuestRunHook(Hook):
-    """An mmengine hook feeding quest-bench: progress bar, telemetry every ``log_every`` iterations
-    (events.jsonl), and the divergence check (NaN loss or exploding logits end the run as ``diverged``)."""
-
-    priority = "LOW"
-
-    def __init__(self, ctx, total: int, log_every: int):
-        self.ctx, self.total, self.log_every = ctx, total, log_every
-        self.telemetry = self.bar = None
-
-    def _logging(self, step: int) -> bool:
-        return step % self.log_every == 0 or step == self.total - 1
-
-    def before_train(self, runner) -> None:
-        self.telemetry = Telemetry(runner.model, max_queries=64)
-        self.bar = self.ctx.bar(self.total, "segmentation")
-        logging.getLogger("mmengine").setLevel(logging.WARNING)
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
-        if self._logging(runner.iter):
-            self.telemetry.__enter__()
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        step = runner.iter + 1
-        loss = outputs["loss"].detach().item()
-        stats = None
-        if self._logging(runner.iter):
-            per_layer = self.telemetry.snapshot()
-            self.telemetry.__exit__(None, None, None)
-            stats = summarize(per_layer)
-            layers = {f"{n}/{k}": v[k] for n, v in per_layer.items() for k in ("max_logit", "entropy_mean")}
-            lr = runner.optim_wrapper.get_lr()["lr"][0]
-            self.ctx.log(step, {"loss": loss, "lr": lr, **stats, **layers})
-        self.bar.update(1)
-        self.ctx.check(step, loss, stats)
-
-    def after_train(self, runner) -> None:
-        self.bar.close()
-
-
-def corruption_metrics(runner, mm_cfg, samples: int, seed: int) -> dict:
-    """mIoU over the first ``samples`` validation images under every shared corruption and severity, each through
-    the config's test pipeline with an ``ImageCorruption`` step after loading, and mmseg's ``IoUMetric``."""
-    from mmengine.runner import TestLoop
-
-    scores = {}
-    for i, name in enumerate(CORRUPTIONS):
-        scores[name] = []
-        for severity in SEVERITIES:
-            loader = mm_cfg.test_dataloader.copy()
-            dataset = loader.dataset.copy()
-            pipeline = list(dataset.pipeline)
-            pipeline.insert(1, dict(type="ImageCorruption", name=name, severity=severity, seed=seed * 100 + i))
-            dataset.pipeline, dataset.indices = pipeline, samples
-            loader.dataset = dataset
-            result = TestLoop(runner, loader, mm_cfg.test_evaluator).run()
-            scores[name].append(result["mIoU"] / 100)
-    return corruption_summary(scores, score="miou")
+        return run(cfg, ctx)

@@ -4,22 +4,14 @@ on held-out voices, on real recordings, and under noise, speed, pitch and reverb
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-import torchaudio.functional as AF
-
-from quest_bench.robustness import corruption_summary
 from quest_bench.config import param
 from quest_bench.task import Resources, Task, TaskOutput
-from quest_bench.training import decay_groups, report_step, warmup_cosine
-from quest_core import Telemetry
-from quest_speech import data as D
-from quest_speech.model import CtcModel, KeywordModel, SpeechEncoder, greedy_ctc
-from quest_speech.perturb import PERTURBATIONS, perturb
-from quest_speech.synth import espeak_version
+
+
+def _resources():
+    return {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2), "paper": Resources(num_cpus=8, num_gpus=1)}
 
 
 @dataclass
@@ -78,10 +70,6 @@ class AsrConfig(SpeechConfig):
     perturb_samples: int = param(50, ge=0)
 
 
-def _resources():
-    return {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2), "paper": Resources(num_cpus=8, num_gpus=1)}
-
-
 class SpeechCommandsTask(Task):
     name = "speech-commands"
     version = "1"
@@ -100,29 +88,9 @@ class SpeechCommandsTask(Task):
     resources = _resources()
 
     def run(self, cfg: KeywordConfig, ctx) -> TaskOutput:
-        device = torch.device(ctx.device)
-        if cfg.dataset == "synth":
-            train_set, test_set = D.keywords("train", cfg.train_per_word), D.keywords("test", cfg.test_per_word)
-        elif cfg.dataset == "speechcommands":
-            root = _need_root(ctx, cfg.dataset)
-            train_set = D.speech_commands(root, "training", cfg.limit)
-            test_set = D.speech_commands(root, "testing", cfg.limit)
-        else:
-            raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: synth, speechcommands")
-        model = KeywordModel(_encoder(cfg, ctx.variant), cfg.dim, len(D.WORDS)).to(device)
+        from quest_speech.experiment import run_speech_commands  # torch and the task's stack load only here
 
-        def loss_fn(wave, lengths, targets):
-            return F.cross_entropy(model(wave, lengths), torch.as_tensor(targets, device=device))
-
-        steps = train(model, loss_fn, train_set, cfg, ctx, device)
-        metrics = {"test_acc": keyword_accuracy(model, test_set, device),
-                   "real_digits_acc": keyword_accuracy(model, D.asterisk_digits(), device)}
-        if cfg.perturb_samples:
-            metrics.update(robustness(test_set, cfg.perturb_samples, ctx.seed,
-                                      lambda utts: keyword_accuracy(model, utts, device), score="acc"))
-        metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
-        return TaskOutput(metrics, data={"name": cfg.dataset, "revision": _revision(cfg, train_set)},
-                          samples_seen=steps * cfg.batch_size)
+        return run_speech_commands(cfg, ctx)
 
 
 class AsrTask(Task):
@@ -143,155 +111,6 @@ class AsrTask(Task):
     resources = _resources()
 
     def run(self, cfg: AsrConfig, ctx) -> TaskOutput:
-        device = torch.device(ctx.device)
-        if cfg.dataset == "synth":
-            train_set, test_set = D.sentences("train", cfg.train_sentences), D.sentences("test", cfg.test_sentences)
-        elif cfg.dataset == "librispeech":
-            root = _need_root(ctx, cfg.dataset)
-            train_set = D.librispeech(root, cfg.train_split, cfg.limit)
-            test_set = D.librispeech(root, cfg.test_split, cfg.limit)
-        else:
-            raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: synth, librispeech")
-        model = CtcModel(_encoder(cfg, ctx.variant), cfg.dim, len(D.CHARS)).to(device)
+        from quest_speech.experiment import run_asr  # torch and the task's stack load only here
 
-        def loss_fn(wave, lengths, texts):
-            log_probs_btv, n_b = model(wave, lengths)
-            targets = [D.encode_text(t) for t in texts]
-            return F.ctc_loss(log_probs_btv.transpose(0, 1), torch.cat(targets).to(device), n_b,
-                              torch.tensor([len(t) for t in targets], device=device), zero_infinity=True)
-
-        steps = train(model, loss_fn, train_set, cfg, ctx, device)
-        cer, wer = error_rates(model, test_set, device)
-        real_cer, real_wer = error_rates(model, D.librivox(), device)
-        metrics = {"test_cer": cer, "test_wer": wer, "real_cer": real_cer, "real_wer": real_wer}
-        if cfg.perturb_samples:
-            metrics.update(robustness(test_set, cfg.perturb_samples, ctx.seed,
-                                      lambda utts: 1 - error_rates(model, utts, device)[0], score="char_acc"))
-        metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
-        return TaskOutput(metrics, data={"name": cfg.dataset, "revision": _revision(cfg, train_set)},
-                          samples_seen=steps * cfg.batch_size)
-
-
-def _need_root(ctx, dataset: str) -> str:
-    if not ctx.data_root:
-        raise ValueError(f"dataset {dataset!r} is read from --data-root; none given")
-    return ctx.data_root
-
-
-def _encoder(cfg: SpeechConfig, variant: str) -> SpeechEncoder:
-    return SpeechEncoder(variant, cfg.dim, cfg.num_heads, cfg.ffn_dim, cfg.num_layers, cfg.kernel_size, cfg.n_mels,
-                         cfg.dropout, cfg.freq_mask, cfg.time_mask)
-
-
-def _revision(cfg, train_set: D.Utterances) -> str:
-    voices = len(set(train_set.speakers))
-    text = f"{cfg.dataset}: {len(train_set)} training utterances, {voices} voices/speakers"
-    if cfg.dataset == "synth":
-        text += f" (synth v{D.SYNTH_VERSION}, espeak-ng {espeak_version()}, test voices {', '.join(D.voices('test'))})"
-    return text
-
-
-def pad_batch(audio: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Waveforms -> (B, T_max) zero-padded batch and (B,) lengths."""
-    lengths = torch.tensor([len(a) for a in audio])
-    return torch.nn.utils.rnn.pad_sequence(audio, batch_first=True).to(device), lengths.to(device)
-
-
-def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx, device) -> int:
-    """AdamW (quest_bench.training.decay_groups) with warm-up + cosine, gradient clipping; returns the steps run."""
-    gen = torch.Generator().manual_seed(ctx.seed)
-    per_epoch = len(train_set) // cfg.batch_size
-    if per_epoch == 0:
-        raise ValueError(f"{len(train_set)} training utterances is fewer than one batch of {cfg.batch_size}")
-    steps = cfg.epochs * per_epoch
-    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine(s, steps, max(1, int(cfg.warmup_frac * steps))))
-    telemetry = Telemetry(model, max_queries=64)
-    step = 0
-    model.train()
-    with ctx.bar(steps, "speech") as bar:
-        for _ in range(cfg.epochs):
-            order = torch.randperm(len(train_set), generator=gen).tolist()
-            for i in range(per_epoch):
-                idx = order[i * cfg.batch_size: (i + 1) * cfg.batch_size]
-                wave, lengths = pad_batch([train_set.audio[j] for j in idx], device)
-                if cfg.narrowband:
-                    wave = band_limit(wave, torch.rand(len(idx), generator=gen) < cfg.narrowband)
-                logging = step % cfg.log_every == 0 or step == steps - 1
-                with telemetry if logging else nullcontext():
-                    loss = loss_fn(wave, lengths, [train_set.targets[j] for j in idx])
-                    per_layer = telemetry.snapshot() if logging else {}
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"])
-    model.eval()
-    return steps
-
-
-def band_limit(wave_bt: torch.Tensor, rows_b: torch.Tensor) -> torch.Tensor:
-    """The chosen rows resampled to 8 kHz and back: the band above 4 kHz removed (telephone audio)."""
-    if not rows_b.any():
-        return wave_bt
-    wave_bt = wave_bt.clone()
-    narrow = AF.resample(AF.resample(wave_bt[rows_b], 16_000, 8_000), 8_000, 16_000)
-    wave_bt[rows_b] = narrow[:, : wave_bt.shape[1]]
-    return wave_bt
-
-
-def _batches(utts: D.Utterances, batch_size: int = 64):
-    order = sorted(range(len(utts)), key=lambda i: len(utts.audio[i]))  # similar lengths: little padding
-    for start in range(0, len(order), batch_size):
-        yield order[start: start + batch_size]
-
-
-@torch.no_grad()
-def keyword_accuracy(model: KeywordModel, utts: D.Utterances, device) -> float:
-    model.eval()
-    hits = 0
-    for idx in _batches(utts):
-        pred = model(*pad_batch([utts.audio[i] for i in idx], device)).argmax(-1).cpu()
-        hits += int((pred == torch.as_tensor([utts.targets[i] for i in idx])).sum())
-    return hits / max(1, len(utts))
-
-
-@torch.no_grad()
-def transcribe(model: CtcModel, utts: D.Utterances, device) -> list[str]:
-    model.eval()
-    out = [""] * len(utts)
-    for idx in _batches(utts):
-        log_probs_btv, n_b = model(*pad_batch([utts.audio[i] for i in idx], device))
-        for i, ids in zip(idx, greedy_ctc(log_probs_btv.cpu(), n_b.cpu())):
-            out[i] = D.decode_ids(ids)
-    return out
-
-
-def error_rates(model: CtcModel, utts: D.Utterances, device) -> tuple[float, float]:
-    """Corpus-level character and word error rates (torchmetrics), greedy CTC decoding."""
-    from torchmetrics.functional.text import char_error_rate, word_error_rate
-
-    hyps = transcribe(model, utts, device)
-    refs = [" ".join(t.split()) for t in utts.targets]
-    hyps = [" ".join(h.split()) for h in hyps]
-    return float(char_error_rate(hyps, refs)), float(word_error_rate(hyps, refs))
-
-
-def robustness(test_set: D.Utterances, samples: int, seed: int, score_fn, score: str) -> dict:
-    """``score_fn`` on ``samples`` test utterances (spread evenly over the set) under every perturbation level (``quest_bench``'s
-    corruption vocabulary: per-family mean, error summed over levels for mCE, overall mean)."""
-    base = test_set.subset(samples)
-    scores = {}
-    for f, (family, levels) in enumerate(PERTURBATIONS.items()):
-        scores[family] = []
-        for level in levels:
-            audio = []
-            for i, x in enumerate(base.audio):
-                others = ([base.audio[(i + k * len(base) // 5) % len(base)] for k in (1, 2, 3, 4)]
-                          if family == "babble" else ())  # four utterances from elsewhere in the set
-                audio.append(perturb(x, family, level, seed=seed * 100_000 + f * 1000 + i, others=others))
-            scores[family].append(score_fn(D.Utterances(audio, base.targets, base.speakers)))
-    return corruption_summary(scores, score=score)
+        return run_asr(cfg, ctx)

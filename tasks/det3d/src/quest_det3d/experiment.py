@@ -1,0 +1,196 @@
+"""A ``det3d`` run: data, model, training and evaluation (the task's metadata and config are in
+``quest_det3d.task``, which imports none of this, so that listing tasks stays fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quest_bench.robustness import corruption_summary
+from quest_bench.task import TaskOutput
+from quest_bench.training import adamw_warmup_cosine, report_step
+from quest_core import Telemetry
+from quest_det3d import data as D
+from quest_det3d.boxes import decode, encode, focal_loss, regression_loss
+from quest_det3d.corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from quest_det3d.evaluation import detection_config, evaluate, submission
+from quest_det3d.figures import prediction_figure
+from quest_det3d.model import Detector
+from quest_det3d.task import Det3dConfig
+
+
+def run(cfg: Det3dConfig, ctx) -> TaskOutput:
+    if cfg.dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: {', '.join(DATASETS)}")
+    try:
+        severities = [int(s) for s in cfg.severities.split(",") if s.strip()]
+    except ValueError:
+        severities = [-1]
+    if not set(severities) <= set(SEVERITIES):
+        raise ValueError(f"severities must be a comma-separated list of {SEVERITIES} (or empty), "
+                         f"got {cfg.severities!r}")
+    torch.manual_seed(ctx.seed)
+    device = torch.device(ctx.device)
+    version, classes = DATASETS[cfg.dataset]
+    if cfg.dataset == "sim":
+        root = D.simulated_root(cfg.sim_samples, cfg.sim_between)
+    elif not ctx.data_root:
+        raise ValueError(f"dataset {cfg.dataset!r} reads the real nuScenes: pass --data-root")
+    else:
+        root = D.nuscenes_root(ctx.data_root, version, cfg.sweeps)
+    nusc = D.open_nuscenes(root, version)
+    train_split, val_split = D.SPLITS[version]
+    reach = cfg.extent * (1.45 if cfg.augment else 1.0)  # rotation and scaling bring points from outside the grid in
+    train_set = D.load_split(nusc, train_split, classes, cfg.sweeps, reach, cfg.in_memory, ctx.progress)
+    val_set = D.load_split(nusc, val_split, classes, cfg.sweeps, cfg.extent, cfg.in_memory, ctx.progress)
+
+    model = Detector(len(classes), ctx.variant, cfg.sweeps, cfg.extent, cfg.pillar, cfg.pillar_width, cfg.width,
+                     cfg.dim, cfg.depth, cfg.num_heads).to(device)
+    steps = train(model, cfg, train_set, len(classes), ctx, device)
+
+    # The devkit measures range from the ego origin, the grid is centred on the LiDAR (0.94 m ahead on nuScenes).
+    eval_cfg = detection_config(classes, cfg.extent - math.hypot(*val_set[0].lidar_to_ego["translation"][:2]))
+    detections = predict(model, val_set, cfg, device)
+    metrics = evaluate(nusc, val_split, submission(val_set, detections, classes), eval_cfg,
+                       ctx.out_dir / "nuscenes_eval")
+    if cfg.figure_samples:
+        prediction_figure(val_set, detections, classes, cfg.extent, Path(ctx.out_dir) / "predictions.png",
+                          f"det3d {ctx.variant} seed {ctx.seed}: {val_split}", count=cfg.figure_samples)
+    if severities:
+        nds = {name: [] for name in CORRUPTIONS}
+        with tempfile.TemporaryDirectory() as tmp, ctx.bar(len(CORRUPTIONS) * len(severities), "det3d: corrupted") as bar:
+            for i, name in enumerate(CORRUPTIONS):
+                for s in severities:
+                    corrupted = corrupt_set(val_set, name, s, seed=ctx.seed * 1000 + 10 * i + s)
+                    detections = predict(model, corrupted, cfg, device)
+                    scores = evaluate(nusc, val_split, submission(corrupted, detections, classes), eval_cfg,
+                                      Path(tmp) / f"{name}-{s}")
+                    nds[name].append(scores["NDS"])
+                    bar.update(1)
+        metrics.update(corruption_summary(nds, score="nds"))
+    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
+    return TaskOutput(metrics, data={"name": f"{cfg.dataset} ({version})", "revision": data_revision(cfg, root)},
+                      samples_seen=steps * cfg.batch_size)
+
+
+NUSCENES_CLASSES = ("car", "truck", "construction_vehicle", "bus", "trailer", "barrier", "motorcycle", "bicycle",
+                    "pedestrian", "traffic_cone")
+
+
+DATASETS = {  # name -> (nuScenes version, classes)
+    "sim": ("v1.0-mini", D.SIM_CLASSES),
+    "nuscenes-mini": ("v1.0-mini", NUSCENES_CLASSES),
+    "nuscenes": ("v1.0-trainval", NUSCENES_CLASSES),
+}
+
+
+def data_revision(cfg: Det3dConfig, root: Path) -> str:
+    if cfg.dataset == "sim":
+        return f"sim-v{D.SIM_VERSION}-{cfg.sim_samples}x{cfg.sim_between}"
+    return f"{root.resolve()}"
+
+
+def corrupt_set(samples: list[D.Sample], name: str, severity: int, seed: int) -> list[D.Sample]:
+    """The samples with their clouds corrupted when read (sample i uses seed + 7919 * i); boxes and poses unchanged."""
+    return [dataclasses.replace(s, source=functools.partial(corrupted_cloud, s, name, severity, seed + 7919 * i))
+            for i, s in enumerate(samples)]
+
+
+def corrupted_cloud(sample: D.Sample, name: str, severity: int, seed: int) -> np.ndarray:
+    from pyquaternion import Quaternion
+
+    forward = Quaternion(sample.lidar_to_ego["rotation"]).inverse.rotate([1.0, 0.0, 0.0])[:2]  # ego x in LiDAR frame
+    return corrupt(sample.points, name, severity, seed, forward)
+
+
+def as_tensors(samples: list[D.Sample]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The DataLoader's collate function: each sample's (points, boxes, labels), read in the worker."""
+    return [(torch.from_numpy(s.points), torch.from_numpy(s.boxes), torch.from_numpy(s.labels)) for s in samples]
+
+
+def batches(samples: list[D.Sample], cfg: "Det3dConfig", gen: torch.Generator | None):
+    """Batches (lists) of (points, boxes, labels) tensors, shuffled with ``gen`` (None: in order, all samples);
+    ``cfg.workers`` processes read the clouds."""
+    sampler = torch.utils.data.RandomSampler(samples, generator=gen) if gen is not None else None
+    return torch.utils.data.DataLoader(samples, batch_size=cfg.batch_size, sampler=sampler, drop_last=gen is not None,
+                                       num_workers=cfg.workers, collate_fn=as_tensors)
+
+
+def augment(points: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random flips about both axes, a rotation within +-pi/8 and a scaling within 0.95-1.05 of a cloud and its boxes
+    (x, y, z, w, l, h, yaw, vx, vy)."""
+    points, boxes = points.clone(), boxes.clone()
+    if torch.rand((), generator=gen) < 0.5:  # y -> -y
+        points[:, 1], boxes[:, 1], boxes[:, 6], boxes[:, 8] = -points[:, 1], -boxes[:, 1], -boxes[:, 6], -boxes[:, 8]
+    if torch.rand((), generator=gen) < 0.5:  # x -> -x
+        points[:, 0], boxes[:, 0], boxes[:, 7] = -points[:, 0], -boxes[:, 0], -boxes[:, 7]
+        boxes[:, 6] = math.pi - boxes[:, 6]
+    angle = (torch.rand((), generator=gen) * 2 - 1) * math.pi / 8
+    c, s = torch.cos(angle), torch.sin(angle)
+    rotation = torch.stack([torch.stack([c, -s]), torch.stack([s, c])])
+    points[:, :2] = points[:, :2] @ rotation.T
+    boxes[:, :2] = boxes[:, :2] @ rotation.T
+    boxes[:, 7:9] = boxes[:, 7:9] @ rotation.T
+    boxes[:, 6] += angle
+    scale = 0.95 + 0.1 * torch.rand((), generator=gen)
+    points[:, :3] *= scale
+    boxes[:, :6] *= scale
+    boxes[:, 7:9] *= scale
+    return points, boxes
+
+
+def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classes: int, ctx, device) -> int:
+    """AdamW with warm-up + cosine, CenterPoint losses (focal heatmap + 0.25 x weighted L1 code); returns the steps."""
+    gen = torch.Generator().manual_seed(ctx.seed)  # the sample order
+    augment_gen = torch.Generator().manual_seed(ctx.seed + 1)  # apart, so the DataLoader's prefetching cannot shift it
+    per_epoch = len(samples) // cfg.batch_size
+    if per_epoch == 0:
+        raise ValueError(f"{len(samples)} training samples is fewer than one batch of {cfg.batch_size}")
+    steps = cfg.epochs * per_epoch
+    optimizer, scheduler = adamw_warmup_cosine(model, cfg.lr, cfg.weight_decay, steps,
+                                               int(cfg.warmup_epochs * per_epoch))
+    telemetry = Telemetry(model, max_queries=64)
+    step = 0
+    model.train()
+    with ctx.bar(steps, "det3d") as bar:
+        for _ in range(cfg.epochs):
+            for batch in batches(samples, cfg, gen):
+                if cfg.augment:
+                    batch = [(*augment(points, boxes, augment_gen), labels) for points, boxes, labels in batch]
+                targets = encode([b for _, b, _ in batch], [lab for _, _, lab in batch], num_classes,
+                                 model.grid).to(device)
+                logging = step % cfg.log_every == 0 or step == steps - 1
+                with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
+                    heat, code = model([p.to(device) for p, _, _ in batch])
+                    heat_loss, code_loss = focal_loss(heat, targets.heatmap), regression_loss(code, targets, cfg.velocity_weight)
+                    loss = heat_loss + 0.25 * code_loss
+                    per_layer = telemetry.snapshot() if logging else {}
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"],
+                            {"heatmap_loss": heat_loss.item(), "code_loss": code_loss.item()} if logging else None)
+    model.eval()
+    return steps
+
+
+@torch.no_grad()
+def predict(model: Detector, samples: list[D.Sample], cfg: Det3dConfig, device) -> list[tuple]:
+    """Per sample, the top-k detections (LiDAR-frame rows (k, 9), scores, labels)."""
+    model.eval()
+    out = []
+    for batch in batches(samples, cfg, None):
+        with torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
+            heat, code = model([p.to(device) for p, _, _ in batch])
+        out += decode(heat, code, model.grid, cfg.top_k)
+    return [(b.numpy(), s.numpy(), l.numpy()) for b, s, l in out]

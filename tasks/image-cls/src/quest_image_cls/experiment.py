@@ -1,0 +1,184 @@
+"""A ``image-cls`` run: data, model, training and evaluation (the task's metadata and config are in
+``quest_image_cls.task``, which imports none of this, so that listing tasks stays fast)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Subset
+
+from quest_bench.robustness import corruption_summary
+from quest_bench.task import TaskOutput
+from quest_bench.training import decay_groups
+from quest_core import Telemetry, summarize
+from quest_image_cls import data as D
+from quest_image_cls.attacks import adversarial_accuracy
+from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from quest_image_cls.figures import attention_figure
+from quest_image_cls.model import Classifier, build_vit
+from quest_image_cls.task import ImageClsConfig
+
+
+def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
+    device = torch.device(ctx.device)
+    train_set, test_set, data_id = load_data(cfg, ctx.data_root)
+    vit = build_vit(ctx.variant, cfg.img_size, cfg.patch_size, D.CHANNELS[cfg.dataset], D.NUM_CLASSES[cfg.dataset],
+                    cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio, cfg.drop_path)
+    model = Classifier(vit, *D.MEAN_STD[cfg.dataset]).to(device)
+    samples = train(model, cfg, train_set, ctx, device)
+
+    x_test, y_test = materialise(test_set, cfg.eval_samples)
+    metrics = {"test_acc": accuracy(model, x_test, y_test, device)}
+    root = Path(ctx.data_root) if ctx.data_root else None
+    if cfg.dataset == "imagenet" and D.imagenet_c_corruptions(root):
+        metrics.update(imagenet_c_metrics(model, cfg, root, test_set.class_to_idx, device))
+    else:
+        metrics.update(corruption_metrics(model, cfg, x_test, y_test, device, ctx.seed))
+    if cfg.dataset == "imagenet" and (root / "imagenet-a").exists():
+        metrics["imagenet_a_acc"] = imagenet_a_accuracy(model, cfg, root, test_set.class_to_idx, device)
+    n = min(cfg.adv_samples, len(y_test))
+    metrics.update(adversarial_accuracy(model.cpu() if ctx.device == "cpu" else model, x_test[:n], y_test[:n],
+                                        D.NUM_CLASSES[cfg.dataset], cfg.adv_eps, cfg.pgd_steps, cfg.pgd_step_size,
+                                        cfg.autoattack, ctx.device, seed=ctx.seed))
+    attention_figure(model, x_test, y_test, cfg.figure_images, Path(ctx.out_dir) / "attention.png",
+                     title=f"{ctx.variant}: CLS attention, last block", device=device)
+    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
+    return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)
+
+
+def load_data(cfg: ImageClsConfig, data_root: str | None):
+    if cfg.dataset not in D.NUM_CLASSES:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: {', '.join(D.NUM_CLASSES)}")
+    if cfg.dataset == "digits":
+        train_set, test_set, digest = D.load_digits()
+        return train_set, test_set, f"mnist_5k.npz sha256:{digest}"
+    if not data_root:
+        raise ValueError(f"dataset {cfg.dataset!r} is read from --data-root; none given")
+    root = Path(data_root)
+    if cfg.dataset.startswith("cifar"):
+        return (D.cifar(root, cfg.dataset, True, D.train_transform(cfg.dataset, cfg.img_size)),
+                D.cifar(root, cfg.dataset, False, D.eval_transform(cfg.dataset, cfg.img_size)), str(root))
+    return (D.imagenet(root, "train", D.train_transform("imagenet", cfg.img_size, cfg.randaugment)),
+            D.imagenet(root, "val", D.eval_transform("imagenet", cfg.img_size)), str(root))
+
+
+def materialise(dataset, limit: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``limit`` (0 = all) examples of a dataset as tensors (evaluation sets are small here)."""
+    n = len(dataset) if not limit else min(limit, len(dataset))
+    xs, ys = zip(*(dataset[i] for i in range(n)))
+    return torch.stack(xs), torch.as_tensor(ys)
+
+
+def shift(x: torch.Tensor, pixels: int, gen: torch.Generator) -> torch.Tensor:
+    """Random translation by up to ``pixels`` (zero padding), per image."""
+    if pixels <= 0:
+        return x
+    b, _, h, w = x.shape
+    padded = F.pad(x, (pixels,) * 4)
+    dy, dx = (torch.randint(0, 2 * pixels + 1, (b,), generator=gen) for _ in range(2))
+    return torch.stack([padded[i, :, dy[i]: dy[i] + h, dx[i]: dx[i] + w] for i in range(b)])
+
+
+def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx, device: torch.device) -> int:
+    """AdamW + warm-up/cosine (timm), optional mixup/cutmix/label smoothing and bf16 autocast; returns samples seen."""
+    from timm.data import Mixup
+    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import CosineLRScheduler
+
+    gen = torch.Generator().manual_seed(ctx.seed)
+    loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, drop_last=True, generator=gen,
+                        num_workers=cfg.num_workers)
+    steps = cfg.epochs * len(loader)
+    optimizer = create_optimizer_v2(decay_groups(model, cfg.weight_decay), "adamw", lr=cfg.lr)
+    scheduler = CosineLRScheduler(optimizer, t_initial=steps, warmup_t=int(cfg.warmup_epochs * len(loader)),
+                                  warmup_lr_init=cfg.lr * 1e-3, lr_min=cfg.lr * 1e-2, t_in_epochs=False)
+    mixup = (Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
+                   num_classes=D.NUM_CLASSES[cfg.dataset]) if cfg.mixup > 0 or cfg.cutmix > 0 else None)
+    criterion = (SoftTargetCrossEntropy() if mixup else
+                 LabelSmoothingCrossEntropy(cfg.label_smoothing) if cfg.label_smoothing > 0 else torch.nn.CrossEntropyLoss())
+    telemetry = Telemetry(model, max_queries=64)
+    step = 0
+    model.train()
+    with ctx.bar(steps, "image-cls") as bar:
+        for _ in range(cfg.epochs):
+            for x, y in loader:
+                if cfg.dataset == "digits":
+                    x = shift(x, cfg.shift_pixels, gen)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                if mixup:
+                    x, y = mixup(x, y)
+                logging = step % cfg.log_every == 0 or step == steps - 1
+                with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
+                    loss = criterion(model(x), y)
+                    per_layer = telemetry.snapshot() if logging else {}
+                stats = summarize(per_layer) if logging else None
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                scheduler.step_update(step)
+                ctx.check(step, loss.item(), stats)
+                if logging:  # the summary (max/mean over layers) plus max logit and entropy of every layer
+                    layers = {f"{name}/{k}": v[k] for name, v in per_layer.items() for k in ("max_logit", "entropy_mean")}
+                    ctx.log(step, {"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"], **stats, **layers})
+                bar.update(1)
+    model.eval()
+    return steps * cfg.batch_size
+
+
+@torch.no_grad()
+def predict(model, x: torch.Tensor, device, batch_size: int = 500) -> torch.Tensor:
+    model.eval()
+    return torch.cat([model(x[i: i + batch_size].to(device)).argmax(-1).cpu() for i in range(0, len(x), batch_size)])
+
+
+def accuracy(model, x, y, device) -> float:
+    return (predict(model, x, device) == y).float().mean().item()
+
+
+def spread_subset(dataset, limit: int):
+    """At most ``limit`` examples spread evenly over the dataset (ImageFolder orders by class)."""
+    if not limit or limit >= len(dataset):
+        return dataset
+    return Subset(dataset, torch.linspace(0, len(dataset) - 1, limit).long().tolist())
+
+
+@torch.no_grad()
+def loader_accuracy(model, dataset, cfg: ImageClsConfig, device, classes: list[int] | None = None) -> float:
+    """Accuracy over a dataset; with ``classes``, the logits are restricted to those classes (ImageNet-A)."""
+    hits = total = 0
+    for x, y in DataLoader(dataset, batch_size=256, num_workers=cfg.num_workers):
+        logits = model(x.to(device)).cpu()
+        pred = logits.argmax(-1) if classes is None else torch.tensor(classes)[logits[:, classes].argmax(-1)]
+        hits += int((pred == y).sum())
+        total += len(y)
+    return hits / max(1, total)
+
+
+def imagenet_c_metrics(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device) -> dict:
+    """The same metrics as corruption_metrics, on the real ImageNet-C folders (``corruption_samples`` each)."""
+    transform = D.eval_transform("imagenet", cfg.img_size)
+    return corruption_summary({
+        name: [loader_accuracy(model, spread_subset(D.imagenet_c(root, name, s, class_to_idx, transform),
+                                                    cfg.corruption_samples), cfg, device) for s in SEVERITIES]
+        for name in D.imagenet_c_corruptions(root)
+    })
+
+
+def imagenet_a_accuracy(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device) -> float:
+    dataset, classes = D.imagenet_a(root, class_to_idx, D.eval_transform("imagenet", cfg.img_size))
+    return loader_accuracy(model, dataset, cfg, device, classes)
+
+
+def corruption_metrics(model, cfg: ImageClsConfig, x: torch.Tensor, y: torch.Tensor, device, seed: int) -> dict:
+    """Synthetic corruptions (quest_image_cls.corruptions) of the first ``corruption_samples`` test images."""
+    n = min(cfg.corruption_samples, len(y))
+    x, y = x[:n], y[:n]
+    return corruption_summary({
+        name: [accuracy(model, corrupt(x, name, s, seed=seed * 1000 + 10 * i + s), y, device) for s in SEVERITIES]
+        for i, name in enumerate(CORRUPTIONS)
+    })
