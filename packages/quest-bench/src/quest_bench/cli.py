@@ -81,11 +81,11 @@ def cmd_suites(args) -> int:
     from quest_bench.runs import collect, table
     from quest_bench.suite import known_suites, load_suite
 
-    walls = {}  # earlier runs' wall time, by run_id and by (task, preset, overrides)
+    exact, similar = {}, {}  # earlier runs' wall times: by run_id, and by (task, preset, overrides)
     for r in (collect(Path(args.results)).results if Path(args.results).is_dir() else []):
         if "wall_s" in r.cost and r.status != "failed":
-            walls[r.run_id] = r.cost["wall_s"]
-            walls.setdefault((r.task, r.preset, json.dumps(r.overrides, sort_keys=True)), r.cost["wall_s"])
+            exact[r.run_id] = r.cost["wall_s"]
+            similar.setdefault((r.task, r.preset, json.dumps(r.overrides, sort_keys=True)), []).append(r.cost["wall_s"])
     rows = []
     for name, path in known_suites().items():
         try:
@@ -93,12 +93,17 @@ def cmd_suites(args) -> int:
         except ValueError as err:
             rows.append([name, "-", "-", "-", "-", f"invalid: {err}"[:60]])
             continue
-        known = [walls.get(s.run_id, walls.get((s.task, s.preset, json.dumps(s.overrides, sort_keys=True))))
-                 for s in suite.specs]
-        seconds = sum(w for w in known if w is not None)
-        n_known = sum(w is not None for w in known)
-        cost = (f"~{seconds / 60:.0f} min of run time ({n_known} of {len(known)} runs measured before)" if n_known
-                else "unknown (no earlier runs)")
+        seconds, measured, estimated = 0.0, 0, 0
+        for spec in suite.specs:
+            alike = similar.get((spec.task, spec.preset, json.dumps(spec.overrides, sort_keys=True)))
+            if spec.run_id in exact:
+                seconds, measured = seconds + exact[spec.run_id], measured + 1
+            elif alike:  # same task, preset and overrides, another variant or seed
+                seconds, estimated = seconds + sum(alike) / len(alike), estimated + 1
+        unknown = len(suite.specs) - measured - estimated
+        cost = "unknown (no earlier runs like these)" if not measured + estimated else (
+            (f"~{seconds / 60:.0f} min" if seconds >= 120 else f"~{seconds:.0f} s")
+            + f" ({measured} measured, {estimated} from similar runs" + (f", {unknown} unknown)" if unknown else ")"))
         rows.append([suite.name, str(len(suite.specs)), ",".join(sorted({s.task for s in suite.specs})),
                      str(len({s.variant for s in suite.specs})), str(len({s.seed for s in suite.specs})), cost])
     print(table(["suite", "runs", "tasks", "variants", "seeds", "estimated cost (sum of run times)"], rows))
@@ -312,7 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("tasks", help="list tasks, presets, metrics and variants").set_defaults(fn=cmd_tasks)
 
-    sub.add_parser("suites", help="list the suites with their size and estimated cost").set_defaults(fn=cmd_suites)
+    suites = sub.add_parser("suites", help="list the suites with their size and estimated cost")
+    suites.add_argument("--results", default="results", help="where earlier runs are (for the cost estimate)")
+    suites.set_defaults(fn=cmd_suites)
     config = sub.add_parser("config", help="a task's config keys: resolved value, type, valid values, meaning")
     config.add_argument("task")
     config.add_argument("--preset", default="tiny", choices=PRESETS)
@@ -397,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except ValueError as err:
         return fail(str(err))
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly
+        sys.stderr.close()
+        return 0
     except OSError as err:  # disk full, permission denied, a path that is not a folder, ...
         where = f": {err.filename}" if err.filename else ""
         return fail(f"{err.strerror or err}{where}")
