@@ -64,3 +64,19 @@ def test_an_unlinked_elliptical_kernel_says_what_to_do():
         qc.AttentionKernel("elliptical", 2, 4)(q, q, q)
     with pytest.raises(ValueError, match="learnable parameters or state, so it is a module"):
         qc.attention(q, q, q, variant="elliptical-quest")
+
+
+def test_a_linked_model_pickles_and_its_deep_copy_has_its_own_chain():
+    import copy
+    import pickle
+
+    model = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0), 2,
+                                  enable_nested_tensor=False).eval()
+    qc.swap_attention(model, "elliptical-quest")
+    x = rand(2, 5, 16, seed=8)
+    expected = model(x)
+    for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        torch.testing.assert_close(clone(x), expected)
+        kernels = [layer.self_attn.kernel for layer in clone.layers]
+        assert kernels[0].metric_chain is kernels[1].metric_chain is clone._quest_metric_chain
+        assert clone._quest_metric_chain is not model._quest_metric_chain

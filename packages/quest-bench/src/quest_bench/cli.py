@@ -327,7 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--format", default="table", choices=["table", "yaml", "json"])
     config.set_defaults(fn=cmd_config)
 
-    run = sub.add_parser("run", help="run one task in this process (no Ray)")
+    import quest_core
+
+    from quest_bench.registry import task_names
+
+    run = sub.add_parser("run", help="run one task in this process (no Ray)",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=f"tasks: {', '.join(task_names())}\nvariants: {', '.join(quest_core.list_variants())}"
+                                "\nconfig keys of a task: quest-bench config TASK")
     run.add_argument("task", nargs="?", help="task name (see `quest-bench tasks`), or use --spec")
     run.add_argument("--spec", help="repeat a run exactly from its spec.json (with its data root and thread count)")
     run.add_argument("--attention", help="attention variant (default quest; see `quest-bench tasks`)")

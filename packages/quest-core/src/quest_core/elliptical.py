@@ -50,11 +50,10 @@ class MetricChain:
         return m.clamp_min(METRIC_FLOOR).sqrt().unsqueeze(-2)
 
 
-def _restart(chain: MetricChain):
-    def hook(module, args):
-        chain.restart()
-
-    return hook
+def _restart_chain(model: nn.Module, args) -> None:
+    """Forward pre-hook of a linked model (a module-level function, so that the model still pickles and deep-copies:
+    the hook finds the chain on the model it runs for)."""
+    model._quest_metric_chain.restart()
 
 
 def link_elliptical(model: nn.Module) -> MetricChain | None:
@@ -70,7 +69,7 @@ def link_elliptical(model: nn.Module) -> MetricChain | None:
     if chain is None:
         chain = MetricChain()
         model._quest_metric_chain = chain
-        model.register_forward_pre_hook(_restart(chain))
+        model.register_forward_pre_hook(_restart_chain)
     for kernel in kernels:
         kernel.metric_chain = chain
     return chain

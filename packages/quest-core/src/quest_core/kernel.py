@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quest_core.functional import attention_probs, check_inputs, sdpa, transform_qk
 from quest_core.elliptical import MetricChain
+from quest_core.functional import attention_probs, check_inputs, sdpa, transform_qk
 from quest_core.telemetry import LayerStats, attention_stats
 from quest_core.variants import get_variant
 
@@ -133,8 +133,8 @@ class AttentionKernel(nn.Module):
             return sdpa(q_bhld, k_bhld, v_bhld, scale, attn_mask, is_causal, dropout_p)
         probs = attention_probs(q_bhld, k_bhld, scale, attn_mask, is_causal)
         dropped = nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
-        if v_bhld.shape[1] != probs.shape[1]:
-            v_bhld = v_bhld.repeat_interleave(probs.shape[1] // v_bhld.shape[1], dim=1)
+        if v_bhld.shape[-3] != probs.shape[-3]:
+            v_bhld = v_bhld.repeat_interleave(probs.shape[-3] // v_bhld.shape[-3], dim=-3)
         return dropped @ v_bhld, probs
 
 
