@@ -57,3 +57,34 @@ def test_leaderboard_writes_the_margin_table_and_plot(tmp_path):
     assert "| softmax | 0.01 | 5/8 | 200.0 | 0.01 |" in md
     assert "| quest | 0.001 | 6/8 | 180.5 | 0.1 |" in md
     assert (folder / "lm-tiny-margin.png").stat().st_size > 10_000 and "lm-tiny-margin.png" in md
+
+
+def test_one_seed_gives_a_banner_no_std_no_interval_and_no_ranking(tmp_path):
+    store = Store(tmp_path / "one-seed")
+    for variant, value in (("softmax", 0.4), ("quest", 0.6)):
+        spec = RunSpec("spurious", variant, "tiny", 0, {}, "x")
+        store.write(spec, RunResult(run_id=spec.run_id, task="spurious", task_version="1", variant=variant,
+                                    preset="tiny", seed=0, overrides={}, status="ok", primary_metric="robust_fraction",
+                                    metrics={"robust_fraction": value}))
+    md = (write_leaderboard(store, "one-seed") / "README.md").read_text()
+    assert "**Too few runs for statistics.** 2 cells have fewer than 2 finished runs" in md
+    assert "| softmax | 1 | 0.400 | — |" in md and "| quest | 1 | 0.600 | +0.200 (n=1: +0.200; sign-flip p=1" in md
+    assert "Mean win rate" not in md
+
+
+def test_a_binary_primary_gets_success_rates_with_wilson_intervals_and_mcnemar(tmp_path):
+    store = Store(tmp_path / "binary")
+    for seed in range(6):
+        for variant, success in (("softmax", seed < 2), ("quest", seed < 5)):
+            spec = RunSpec("spurious", variant, "tiny", seed, {}, "x")
+            status = "diverged" if (variant, seed) == ("quest", 5) else "ok"
+            store.write(spec, RunResult(
+                run_id=spec.run_id, task="spurious", task_version="1", variant=variant, preset="tiny", seed=seed,
+                overrides={}, status=status, primary_metric="robust_success",
+                metrics={"robust_success": float(success)} if status == "ok" else {}))
+    md = (write_leaderboard(store, "binary") / "README.md").read_text()
+    # quest: 5 successes of 6 runs (the diverged one counts as a failure); 3 discordant pairs, all for quest
+    quest = next(line for line in md.splitlines() if line.startswith("| quest |") and "/6 [" in line)
+    assert "| 5/6 [0.44, 0.97] |" in quest and "+3/−0 discordant; McNemar p=0.25" in quest and "| 1 | 0 |" in quest
+    assert "| 2/6 [0.10, 0.70] |" in next(line for line in md.splitlines() if line.startswith("| softmax |")
+                                          and "/6 [" in line)

@@ -1,10 +1,13 @@
 """The leaderboard of one suite: Markdown (README.md) and a self-contained index.html with figures.
 
-Per task (and preset): each variant's primary metric mean ± std over its finished runs (seeds × grid cells), the
-paired difference to ``softmax`` on the same seeds and overrides with a bootstrap 95% interval, the task's extra
-metrics, divergence and failure counts, and (for suites with a grid) the primary metric per grid cell.
-Across tasks: each variant's mean win rate over all task metrics (HELM-style). Figures: per-task bars with 95%
-intervals and training curves (loss and telemetry from events.jsonl) averaged over runs per variant.
+Per task (and preset): each variant's primary metric, mean ± std over its finished runs (seeds × grid cells; no std
+for n < 2), the paired difference to ``softmax`` on the same seeds and overrides (the per-pair differences and an
+exact sign-flip p-value for n < 5, a t 95% interval for n ≥ 5; Holm-corrected over the task's variants), for a
+binary primary metric the success rate with a Wilson interval and an exact McNemar test, the task's extra metrics,
+divergence and failure counts, and (for suites with a grid) the primary metric per grid cell. Across tasks: each
+variant's mean win rate, a win being a significantly better result on paired runs (exact sign test, Holm), over the
+primary metrics and separately over one robustness metric per task; not shown while any cell has fewer than 2
+runs (a banner names them). Figures: per-task bars with t 95% intervals (n ≥ 2) and training curves.
 
 Stability margin: when a suite sweeps the learning rate (grid key ``lr``, at least 3 values) of a task whose runs
 report ``stable`` (1 = trained stably, by the task's definition), each variant's margin is the largest rate at
@@ -31,7 +34,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from quest_bench.result import RunResult  # noqa: E402
 from quest_bench.robustness import CORRUPTION_ERROR  # noqa: E402
-from quest_bench.stats import bootstrap_ci, mean_std, mean_win_rate, paired_difference  # noqa: E402
+from quest_bench.stats import (holm, mcnemar_exact, mean_std, mean_win_rate, paired_difference,  # noqa: E402
+                               t_interval, wilson_interval)
 from quest_bench.runs import RunSet, suite_runs  # noqa: E402
 from quest_bench.spec import slug  # noqa: E402
 from quest_bench.store import Store, is_finished, unusable_reason  # noqa: E402
@@ -81,17 +85,50 @@ class TaskBoard:
     def values(self, variant: str, metric: str) -> dict[str, float]:
         return {pair_key(r): r.metrics[metric] for r in self.ok(variant) if metric in r.metrics}
 
+    @property
+    def binary(self) -> bool:
+        """Whether the primary metric is a 0/1 outcome (then rates, Wilson intervals and McNemar tests are used)."""
+        values = [r.metrics[self.primary] for r in self.runs if r.status == "ok" and self.primary in r.metrics]
+        return bool(values) and all(v in (0.0, 1.0) for v in values)
+
+    def outcomes(self, variant: str, metric: str) -> dict[str, float]:
+        """Every run's value by pair key, NaN for a diverged or failed run (a result: it ranks worst, counts as a
+        failure in success rates)."""
+        return {pair_key(r): (r.metrics.get(metric, math.nan) if r.status == "ok" and is_finished(r) else math.nan)
+                for r in self.by_variant[variant]}
+
     def row(self, variant: str) -> dict:
         runs = self.by_variant[variant]
         vals = list(self.values(variant, self.primary).values())
         mean, std = mean_std(vals)
-        lo, hi = bootstrap_ci(vals)
+        lo, hi = t_interval(vals)
         row = {"variant": variant, "n": len(vals), "mean": mean, "std": std, "ci": (lo, hi),
                "diverged": sum(r.status == "diverged" for r in runs), "failed": sum(r.status == "failed" for r in runs),
                "extra": {m: mean_std(list(self.values(variant, m).values())) for m in self.directions if m != self.primary}}
+        if self.binary:  # success rate over every run (diverged and failed runs are failures)
+            successes = {k: v == 1.0 for k, v in self.outcomes(variant, self.primary).items()}
+            row["rate"] = (sum(successes.values()), len(successes), wilson_interval(sum(successes.values()),
+                                                                                     len(successes)))
         if variant != BASELINE and BASELINE in self.by_variant:
             row["delta"] = paired_difference(self.values(variant, self.primary), self.values(BASELINE, self.primary))
+            if self.binary:
+                base = {k: v == 1.0 for k, v in self.outcomes(BASELINE, self.primary).items()}
+                row["delta"]["mcnemar"] = mcnemar_exact(successes, base)
+                row["delta"]["p"] = row["delta"]["mcnemar"]["p"]
         return row
+
+    def rows(self) -> list[dict]:
+        """Every variant's row, with Holm-adjusted p-values (``p_holm``) over the variants compared to softmax."""
+        rows = [self.row(v) for v in self.variants]
+        adjusted = holm({r["variant"]: r["delta"]["p"] for r in rows if "delta" in r and r["delta"]["n_pairs"]})
+        for r in rows:
+            if "delta" in r:
+                r["delta"]["p_holm"] = adjusted.get(r["variant"], math.nan)
+        return rows
+
+    def robustness_metric(self) -> str | None:
+        """The task's robustness metric for the cross-task win rate: its first ``corrupted_*`` metric, if any."""
+        return next((m for m in self.directions if m.startswith("corrupted")), None)
 
     def corruptions(self) -> list[str]:
         names = {m for r in self.runs for m in r.metrics if m.startswith(CORRUPTION_ERROR)}
@@ -155,17 +192,22 @@ def group(results: list[RunResult]) -> list[TaskBoard]:
     return [TaskBoard(t, p, runs) for (t, p), runs in sorted(groups.items())]
 
 
-def win_rates(boards: list[TaskBoard]) -> dict[str, float]:
-    scores, directions = {}, {}
+def win_rates(boards: list[TaskBoard], robustness: bool = False) -> dict[str, float]:
+    """Mean win rate over the tasks' primary metrics (or, with ``robustness``, their robustness metrics)."""
+    outcomes, directions = {}, {}
     for b in boards:
-        for metric, higher in b.directions.items():
-            scenario = f"{b.title}:{metric}"
-            scores[scenario] = {v: mean_std(list(b.values(v, metric).values()))[0] for v in b.variants}
-            directions[scenario] = higher
-        if b.corruptions() and BASELINE in b.variants:
-            scores[f"{b.title}:mCE"] = {v: b.mce(v) for v in b.variants}
-            directions[f"{b.title}:mCE"] = False
-    return mean_win_rate(scores, directions)
+        metric = b.robustness_metric() if robustness else b.primary
+        if metric is None:
+            continue
+        scenario = f"{b.title}:{metric}"
+        outcomes[scenario] = {v: b.outcomes(v, metric) for v in b.variants}
+        directions[scenario] = b.directions[metric]
+    return mean_win_rate(outcomes, directions)
+
+
+def too_few(boards: list[TaskBoard]) -> list[str]:
+    """Cells (task, variant) with fewer than 2 finished runs: no std, interval or ranking can come from them."""
+    return [f"{b.title} / {v} (n={len(b.ok(v))})" for b in boards for v in b.variants if len(b.ok(v)) < 2]
 
 
 # ---- figures ----------------------------------------------------------------------------------------------------
@@ -174,11 +216,12 @@ def bar_figure(board: TaskBoard, path: Path) -> None:
     rows = [board.row(v) for v in board.variants]
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(rows), 3.2))
     means = [r["mean"] for r in rows]
-    errors = [[max(0.0, r["mean"] - r["ci"][0]) for r in rows], [max(0.0, r["ci"][1] - r["mean"]) for r in rows]]
+    errors = [[max(0.0, r["mean"] - r["ci"][0]) if r["n"] >= 2 else 0.0 for r in rows],
+              [max(0.0, r["ci"][1] - r["mean"]) if r["n"] >= 2 else 0.0 for r in rows]]  # no error bar for n < 2
     colors = ["#888888" if r["variant"] == BASELINE else "#3b6fb6" if r["variant"] != "quest" else "#d9622b" for r in rows]
     ax.bar([r["variant"] for r in rows], means, yerr=errors, capsize=4, color=colors)
     ax.set_ylabel(f"{board.primary} ({'↑' if board.higher else '↓'})")
-    ax.set_title(f"{board.title}: mean and bootstrap 95% CI", fontsize=9)
+    ax.set_title(f"{board.title}: mean, t 95% CI where n ≥ 2", fontsize=9)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -267,33 +310,73 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
 
 # ---- documents ------------------------------------------------------------------------------------------------
 
+def delta_text(delta: dict | None, binary: bool) -> str:
+    """The Δ vs softmax cell: per-pair differences and the exact p-value for n < 5, a t interval for n ≥ 5; McNemar
+    for binary outcomes; '*' when significant after Holm's correction (p < 0.05)."""
+    if not delta or not delta["n_pairs"]:
+        return "—"
+    n, mark = delta["n_pairs"], " *" if delta.get("p_holm", math.nan) < 0.05 else ""
+    tests = f"p={delta['p']:.3g}, Holm {delta['p_holm']:.3g}"
+    if binary:
+        m = delta["mcnemar"]
+        return f"{delta['mean']:+.2f} (n={n}; +{m['ours_only']}/−{m['base_only']} discordant; McNemar {tests}){mark}"
+    if n < 5:
+        per_pair = ", ".join(f"{d:+.3f}" for d in delta["diffs"])
+        return f"{delta['mean']:+.3f} (n={n}: {per_pair}; sign-flip {tests}){mark}"
+    return f"{delta['mean']:+.3f} [{delta['ci_low']:+.3f}, {delta['ci_high']:+.3f}] (n={n}; sign-flip {tests}){mark}"
+
+
+def mean_cell(mean: float, std: float, n: int, digits: int = 3) -> str:
+    return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
+
+
 def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
-             ignored: int = 0, links: dict[str, list[str]] | None = None) -> str:
-    lines = [f"# Leaderboard: suite `{suite}`", ""]
+             ignored: int = 0, links: dict[str, list[str]] | None = None,
+             robust_wins: dict[str, float] | None = None) -> str:
+    lines = [f"# Leaderboard: {suite}", ""]
+    few = too_few(boards)
+    if few:
+        lines += [f"> **Too few runs for statistics.** {len(few)} cells have fewer than 2 finished runs: "
+                  + "; ".join(few[:12]) + (" …" if len(few) > 12 else "") + ". They show no std, interval or error "
+                  "bar, and no cross-task ranking is computed; run more seeds for a verdict.", ""]
     total = sum(len(b.runs) for b in boards)
     if ignored:
         lines += [f"{ignored} runs in the results folder are not part of the suite as defined now (another code "
                   "version or suite definition) and are left out.", ""]
-    lines += [f"{total} runs. Means over finished runs (seeds × grid cells); Δ vs `{BASELINE}` is the mean paired "
-              "difference on the same seed and overrides with a bootstrap 95% interval.", ""]
-    if wins:
-        lines += ["## Mean win rate across task metrics", "", "| variant | mean win rate |", "|---|---|"]
-        lines += [f"| {v} | {fmt(w)} |" for v, w in sorted(wins.items(), key=lambda kv: -kv[1])] + [""]
+    lines += [f"{total} runs. n = finished runs per variant (seeds × grid cells); means ± sample std (no std for "
+              f"n < 2). Δ vs `{BASELINE}`: mean paired difference on the same seed and overrides; for n < 5 the "
+              "per-pair differences and an exact sign-flip p-value, for n ≥ 5 also a t 95% interval; binary outcomes "
+              "use an exact McNemar test; p-values Holm-corrected over each task's variants, * = significant at 0.05 "
+              "after correction. Diverged and failed runs are counted beside the means and as failures in success "
+              "rates.", ""]
+    if wins and not few:
+        lines += ["## Mean win rate across tasks", "",
+                  "A win is a significantly better result on paired runs (exact sign test per pair of variants, "
+                  "Holm-corrected per metric, diverged or failed runs ranking worst); anything else is a tie (½). "
+                  "Metrics: each task's primary metric" + (", and separately its first `corrupted_*` metric."
+                                                           if robust_wins else "."), "",
+                  "| variant | win rate (primary) |" + (" win rate (robustness) |" if robust_wins else ""),
+                  "|---|---|" + ("---|" if robust_wins else "")]
+        lines += [f"| {v} | {fmt(w)} |" + (f" {fmt(robust_wins.get(v, math.nan))} |" if robust_wins else "")
+                  for v, w in sorted(wins.items(), key=lambda kv: -kv[1])] + [""]
     for b in boards:
         arrow = "higher" if b.higher else "lower"
         extras = [m for m in b.directions if m != b.primary]
         lines += [f"## {b.title}", "", f"Primary metric: `{b.primary}` ({arrow} is better).", ""]
         with_mce = bool(b.corruptions()) and BASELINE in b.variants
-        header = ["variant", "n", f"{b.primary} mean ± std", f"Δ vs {BASELINE} [95% CI]", *extras,
+        rate = ["success rate [Wilson 95%]"] if b.binary else []
+        header = ["variant", "n", f"{b.primary} mean ± std", *rate, f"Δ vs {BASELINE}", *extras,
                   *(["mCE vs softmax (%) ↓"] if with_mce else []), "diverged", "failed"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for v in b.variants:
-            r = b.row(v)
-            delta = r.get("delta")
-            delta_text = "—" if not delta or not delta["n_pairs"] else (
-                f"{delta['mean']:+.3f} [{delta['ci_low']:+.3f}, {delta['ci_high']:+.3f}] (n={delta['n_pairs']})")
-            cells = [v, str(r["n"]), f"{fmt(r['mean'])} ± {fmt(r['std'])}", delta_text,
-                     *[f"{fmt(r['extra'][m][0])} ± {fmt(r['extra'][m][1])}" for m in extras],
+        for r in b.rows():
+            v = r["variant"]
+            rate_cell = []
+            if b.binary:
+                k, n, (lo, hi) = r["rate"]
+                rate_cell = [f"{k}/{n} [{fmt(lo, 2)}, {fmt(hi, 2)}]"]
+            cells = [v, str(r["n"]), mean_cell(r["mean"], r["std"], r["n"]), *rate_cell,
+                     delta_text(r.get("delta"), b.binary),
+                     *[mean_cell(*r["extra"][m], len(b.values(v, m))) for m in extras],
                      *([fmt(b.mce(v), 1)] if with_mce else []), str(r["diverged"]), str(r["failed"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -419,7 +502,7 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
             margin_figure(b, folder / f"{stem}-margin.png")
             figures[b.title].append(f"{stem}-margin.png")
     links = {b.title: b.figure_links(runs.folders, folder) for b in boards}
-    md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links)
+    md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True))
     (folder / "README.md").write_text(md_text)
     (folder / "index.html").write_text(to_html(suite, md_text, folder))
     return folder
