@@ -113,7 +113,7 @@ def test_infeasible_resources_are_refused_up_front(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("quest-bench: error: run image-cls/quest/paper/seed0 needs 10 CPUs and 1 GPUs on one "
                            "node, but the cluster's nodes have: ")
-    assert not list((tmp_path / "results" / "gpu").glob("runs/*"))
+    assert not (tmp_path / "results").exists()  # nothing written
 
 
 def test_ctrl_c_stops_a_sweep_in_one_line_and_cleans_up(tmp_path):

@@ -258,9 +258,8 @@ def cmd_leaderboard(args) -> int:
     if args.adhoc:
         run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == ADHOC}
     title = "+".join(names + ([ADHOC] if args.adhoc else []))
-    default = Path(args.results) / (names[0] if len(names) == 1 and not args.adhoc else ADHOC if not names
-                                    else f"merged-{slug('+'.join(names + ([ADHOC] if args.adhoc else [])))}")
-    out = Path(args.out) if args.out else default / "leaderboard"
+    folder = names[0] if len(names) == 1 and not args.adhoc else ADHOC if not names else f"merged-{slug(title)}"
+    out = Path(args.out) if args.out else Path(args.results) / folder / "leaderboard"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder")
     out = write_leaderboard(runs, title, run_ids, out)
@@ -302,9 +301,9 @@ def cmd_export(args) -> int:
     if not args.suite and not args.adhoc:
         raise ValueError("export needs --suite NAME (repeatable) and/or --adhoc")
     runs = collect(Path(args.results), args.suite, args.adhoc)
-    name = "+".join(args.suite or []) + ("+" if args.suite and args.adhoc else "") + (ADHOC if args.adhoc else "")
-    out = Path(args.out) if args.out else Path(args.results) / (args.suite[0] if args.suite and len(args.suite) == 1
-                                                                 and not args.adhoc else "exports") / f"{slug(name)}.{args.format}"
+    names = [*(args.suite or []), *([ADHOC] if args.adhoc else [])]
+    folder = names[0] if len(names) == 1 and not args.adhoc else "exports"
+    out = Path(args.out) if args.out else Path(args.results) / folder / f"{slug('+'.join(names))}.{args.format}"
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give a file name")
     print(f"{export(runs, out, args.format)} runs -> {out}")

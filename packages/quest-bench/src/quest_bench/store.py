@@ -171,6 +171,26 @@ class Store:
     def lock(self, wait: bool = False) -> "StoreLock":
         return StoreLock(self.lock_path, wait)
 
+    def lock_holder(self) -> str | None:
+        """Who holds this folder's lock now (None if nobody); creates nothing."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR)
+        except OSError:
+            return None  # no lock file (or unreadable): nobody holds it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except BlockingIOError:
+            return self.lock_path.read_text().strip() or "another process"
+        finally:
+            os.close(fd)
+
+
+def in_use_message(folder: Path, holder: str) -> str:
+    return (f"results folder {folder} is in use by another sweep driver ({holder}); wait for it to finish, or pass "
+            "--wait to queue behind it")
+
 
 class StoreLock:
     """An exclusive lock on a results folder (``fcntl.flock`` on ``.lock``), so that two sweep drivers never run
@@ -191,8 +211,7 @@ class StoreLock:
                 holder = self.path.read_text().strip() or "another process"
                 if not self.wait:
                     os.close(self.fd)
-                    raise ValueError(f"results folder {self.path.parent} is in use by another sweep driver "
-                                     f"({holder}); wait for it to finish, or pass --wait to queue behind it") from None
+                    raise ValueError(in_use_message(self.path.parent, holder)) from None
                 if not announced:
                     print(f"waiting for the sweep driver holding {self.path} ({holder})", file=sys.stderr)
                     announced = True

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from quest_bench.registry import get_task
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec
-from quest_bench.store import Store
+from quest_bench.store import Store, in_use_message
 from quest_bench.suite import Suite
 
 ARTIFACT_LIMIT = 20 * 2**20  # bytes of files a worker may send back per run
@@ -125,15 +125,18 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
     if not todo:  # nothing to write: works on a read-only results folder
         print(f"suite {suite.name}: all {len(suite.specs)} runs already finished in {store.root}", file=sys.stderr)
         return counts
-    with store.lock(wait):
-        todo = todo_specs(suite, store)  # another driver may have finished some while we waited for the lock
-        counts["skipped"] = len(suite.specs) - len(todo)
-        print(f"suite {suite.name}: {len(suite.specs)} runs, {counts['skipped']} already finished, {len(todo)} to run"
-              f" -> {store.root}", file=sys.stderr)
-        if todo:
-            with ray_session(address, max_retries) as ray:
-                if not wait_for_resources:
-                    check_feasible(todo, ray.nodes())
+    holder = store.lock_holder()
+    if holder and not wait:  # refused before Ray starts (and again, race-free, when the lock is taken below)
+        raise ValueError(in_use_message(store.root, holder))
+    with ray_session(address, max_retries) as ray:
+        if not wait_for_resources:  # refused before anything is written
+            check_feasible(todo, ray.nodes())
+        with store.lock(wait):
+            todo = todo_specs(suite, store)  # another driver may have finished some while we waited for the lock
+            counts["skipped"] = len(suite.specs) - len(todo)
+            print(f"suite {suite.name}: {len(suite.specs)} runs, {counts['skipped']} already finished, {len(todo)} "
+                  f"to run -> {store.root}", file=sys.stderr)
+            if todo:
                 run_specs(ray, todo, store, counts, data_root, max_retries, run_timeout, progress)
     return counts
 

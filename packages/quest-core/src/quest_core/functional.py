@@ -39,7 +39,9 @@ class _ScaledL2Normalize(torch.autograd.Function):
         active = norm > eps  # where the clamp is active, y = γ x / eps is linear in x
         inv = norm.clamp_min_(eps).reciprocal_()
         factor = inv if gain is None else inv * gain.to(compute)
-        y = (x * factor).to(x.dtype) if x.dtype == compute else (x.to(compute) * factor).to(x.dtype)
+        if x.dtype != compute:  # half inputs: one pass in their dtype, no float32 copy of x (the factor is clamped
+            factor = factor.clamp(max=torch.finfo(x.dtype).max)  # to the dtype: 1/eps overflows float16)
+        y = x * factor.to(x.dtype)
         keep_u = gain is not None and bool((gain == 0).any())
         u = (x.to(compute) * inv).to(x.dtype) if keep_u else None
         ctx.save_for_backward(y, inv, active, gain, u)
