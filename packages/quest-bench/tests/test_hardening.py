@@ -258,6 +258,8 @@ CLI_CASES = {
     "out is a file": (["run", "spurious", "--out", "{file}"], r"--out .* is a file"),
     "board results is a file": (["leaderboard", "--suite", "smoke", "--results", "{file}"], r"is a file"),
     "cuda without cuda": (["run", "spurious", "--device", "cuda"], r"no CUDA device is available here"),
+    "set not yaml": (["run", "spurious", "--set", "lr=["], r"config key 'lr' expects float, got '\['"),
+    "spec not an object": (["run", "--spec", "{file}"], r"is not a run's spec.json"),
 }
 
 

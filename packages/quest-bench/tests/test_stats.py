@@ -71,3 +71,11 @@ def test_win_rate_counts_only_significant_wins_and_diverged_runs_rank_worst():
     assert mean_win_rate(few, {"t:acc": True}) == {"a": 0.5, "b": 0.5}  # 3 of 3 is not significant: a tie
     lower = {"t:ppl": {"a": {s: 100.0 for s in seeds}, "b": {s: float("nan") for s in seeds}}}  # b diverged
     assert mean_win_rate(lower, {"t:ppl": False}) == {"a": 1.0, "b": 0.0}
+
+
+def test_pairs_needed_for_a_significant_holm_corrected_sign_test():
+    from quest_bench.stats import min_pairs_for_significance
+
+    assert min_pairs_for_significance(1) == 6  # 2/2^5 = 0.0625 > 0.05, 2/2^6 = 0.031
+    assert min_pairs_for_significance(15) == 10  # 6 variants: 2/2^9 = 0.0039 > 0.05/15 = 0.0033
+    assert min_pairs_for_significance(45) == 11  # 10 variants: 2/2^10 = 0.0020 > 0.05/45 = 0.0011 > 2/2^11

@@ -27,6 +27,9 @@ def test_the_metric_is_the_mean_absolute_change_of_the_values_normalised_by_its_
     assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 4), torch.ones(3, 1, 4))  # another shape: no estimate
     chain.next_metric(rand(2, 3, 7, 4), 4)
     assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 6), torch.ones(3, 1, 6))  # values narrower than q, k
+    same = rand(2, 3, 7, 4, seed=9)
+    chain.next_metric(same, 4)
+    assert torch.equal(chain.next_metric(same.clone(), 4), torch.ones(3, 1, 4))  # values unchanged: M = I
 
 
 def test_elliptical_logits_are_the_mahalanobis_dot_product_and_the_quest_form_normalises_keys_in_it():
@@ -80,3 +83,34 @@ def test_a_linked_model_pickles_and_its_deep_copy_has_its_own_chain():
         kernels = [layer.self_attn.kernel for layer in clone.layers]
         assert kernels[0].metric_chain is kernels[1].metric_chain is clone._quest_metric_chain
         assert clone._quest_metric_chain is not model._quest_metric_chain
+
+
+class TwoCausalLayers(nn.Module):
+    def __init__(self, variant):
+        super().__init__()
+        self.first, self.second = qc.AttentionKernel(variant, 2, 4), qc.AttentionKernel(variant, 2, 4)
+        qc.link_elliptical(self)
+
+    def forward(self, x):
+        h = self.first(x, x, x, is_causal=True)
+        return self.second(h, h, h * 2 + 1, is_causal=True)
+
+
+@pytest.mark.parametrize("variant", ["elliptical", "elliptical-quest"])
+def test_causal_calls_never_see_statistics_of_later_tokens(variant):
+    model = TwoCausalLayers(variant).train()
+    x = rand(2, 2, 6, 4, seed=11)
+    model(rand(2, 2, 6, 4, seed=12))  # a training call: the layers now hold an estimate from it
+    state = [k._causal_metric.clone() for k in (model.first, model.second)]
+    assert not torch.allclose(state[1], torch.ones_like(state[1]))  # a real metric is in use
+    changed = x.clone()
+    changed[:, :, 4:] += 3.0  # later tokens differ
+    outs = []
+    for inputs in (x, changed):
+        model.first._causal_metric, model.second._causal_metric = (s.clone() for s in state)
+        outs.append(model(inputs))
+    torch.testing.assert_close(outs[1][:, :, :4], outs[0][:, :, :4])  # earlier positions: identical
+    model.eval()
+    frozen = model.second._causal_metric.clone()
+    model(x)
+    assert torch.equal(model.second._causal_metric, frozen)  # evaluation does not update the estimate

@@ -238,3 +238,15 @@ def test_consecutive_runs_in_one_process_are_independent(tmp_path):
         assert result.status == "ok", result.reason
         assert (out / "mmseg").is_dir()
         shutil.rmtree(out)  # the next run must not write into this folder
+
+
+def test_the_variants_parameters_get_no_weight_decay():
+    from quest_segmentation.experiment import exclude_variant_params_from_decay
+    from mmengine.config import Config
+
+    cfg = Config.fromfile(str(CONFIGS / "segmenter_vit-tiny_mosaics-64x64.py"))
+    exclude_variant_params_from_decay(cfg)
+    keys = cfg.optim_wrapper.paramwise_cfg.custom_keys
+    for name in ("q_gain", "k_gain", "logit_scale", "q_ln_weight", "q_ln_bias", "k_ln_weight", "k_ln_bias"):
+        assert keys[name] == dict(decay_mult=0.0)
+    assert keys["pos_embed"] == dict(decay_mult=0.0)  # the config's own keys stay

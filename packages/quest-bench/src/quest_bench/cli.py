@@ -33,7 +33,12 @@ def parse_sets(pairs: list[str]) -> dict:
         if "=" not in pair:
             raise ValueError(f"--set expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value  # not a YAML scalar: the raw text (a string field takes it as it is)
+        if not isinstance(out[key.strip()], (str, int, float, bool)):
+            out[key.strip()] = value  # a list or mapping: the raw text, checked against the field's type
     return out
 
 
@@ -121,6 +126,9 @@ def spec_from_args(args) -> RunSpec:
         return RunSpec(args.task, args.attention or "quest", args.preset or "tiny", args.seed or 0, parse_sets(args.set))
     try:
         record = json.loads(Path(args.spec).read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("overrides", {}), dict) or not isinstance(
+                record.get("seed", 0), int):
+            raise ValueError("expected an object with task, variant, preset, seed (an integer) and overrides (an object)")
         spec = RunSpec.from_json(record)
     except OSError as err:
         raise ValueError(f"cannot read --spec {args.spec}: {err.strerror}") from None
@@ -253,7 +261,9 @@ def cmd_leaderboard(args) -> int:
     for given in args.suite or []:
         try:
             run_ids |= {spec.run_id for spec in load_suite(given).specs}
-        except ValueError:  # no suite file (e.g. results copied from a cluster): every run of that suite
+        except ValueError as err:  # no suite file (e.g. results copied from a cluster): every run of that suite
+            if "unknown suite" not in str(err):
+                raise
             run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == suite_name(given)}
     if args.adhoc:
         run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == ADHOC}

@@ -34,8 +34,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from quest_bench.result import RunResult  # noqa: E402
 from quest_bench.robustness import CORRUPTION_ERROR  # noqa: E402
-from quest_bench.stats import (holm, mcnemar_exact, mean_std, mean_win_rate, paired_difference,  # noqa: E402
-                               t_interval, wilson_interval)
+from quest_bench.stats import (holm, mcnemar_exact, mean_std, mean_win_rate,  # noqa: E402
+                               min_pairs_for_significance, paired_difference, t_interval, wilson_interval)
 from quest_bench.runs import RunSet, suite_runs  # noqa: E402
 from quest_bench.spec import slug  # noqa: E402
 from quest_bench.store import Store, is_finished, unusable_reason  # noqa: E402
@@ -73,6 +73,11 @@ class TaskBoard:
         for r in runs:
             self.by_variant[r.variant].append(r)
         self.variants = variant_order(self.by_variant)
+        for v, vruns in self.by_variant.items():
+            duplicates = len(vruns) - len({pair_key(r) for r in vruns})
+            if duplicates:
+                print(f"warning: {self.title} / {v}: {duplicates} runs repeat another run's seed and overrides (other "
+                      "code versions?); only one of each pair counts in paired statistics", file=sys.stderr)
 
     @property
     def title(self) -> str:
@@ -111,11 +116,17 @@ class TaskBoard:
                                                                                      len(successes)))
         if variant != BASELINE and BASELINE in self.by_variant:
             row["delta"] = paired_difference(self.values(variant, self.primary), self.values(BASELINE, self.primary))
-            if self.binary:
+            if self.binary:  # over every pair, diverged and failed runs counting as failures
                 base = {k: v == 1.0 for k, v in self.outcomes(BASELINE, self.primary).items()}
-                row["delta"]["mcnemar"] = mcnemar_exact(successes, base)
-                row["delta"]["p"] = row["delta"]["mcnemar"]["p"]
+                m = mcnemar_exact(successes, base)
+                n = m["n_pairs"]
+                row["delta"] = {"n_pairs": n, "diffs": [], "mcnemar": m, "p": m["p"],
+                                "mean": (m["ours_only"] - m["base_only"]) / n if n else math.nan}
         return row
+
+    def n_outcomes(self, variant: str) -> int:
+        """Runs with an outcome: finished with a usable primary metric, or diverged (a result too)."""
+        return sum(r.status == "diverged" or (r.status == "ok" and is_finished(r)) for r in self.by_variant[variant])
 
     def rows(self) -> list[dict]:
         """Every variant's row, with Holm-adjusted p-values (``p_holm``) over the variants compared to softmax."""
@@ -206,8 +217,19 @@ def win_rates(boards: list[TaskBoard], robustness: bool = False) -> dict[str, fl
 
 
 def too_few(boards: list[TaskBoard]) -> list[str]:
-    """Cells (task, variant) with fewer than 2 finished runs: no std, interval or ranking can come from them."""
-    return [f"{b.title} / {v} (n={len(b.ok(v))})" for b in boards for v in b.variants if len(b.ok(v)) < 2]
+    """Cells (task, variant) with fewer than 2 runs with an outcome (finished or diverged): no std, interval or
+    ranking can come from them."""
+    return [f"{b.title} / {v} (n={b.n_outcomes(v)})" for b in boards for v in b.variants if b.n_outcomes(v) < 2]
+
+
+def win_rate_possible(boards: list[TaskBoard]) -> tuple[bool, int, int]:
+    """Whether any paired comparison of the win rate could be significant: (possible, pairs needed, most pairs)."""
+    needed, most = 0, 0
+    for b in boards:
+        tests = len(b.variants) * (len(b.variants) - 1) // 2
+        needed = max(needed, min_pairs_for_significance(tests))
+        most = max(most, max(len(b.outcomes(v, b.primary)) for v in b.variants))
+    return most >= needed, needed, most
 
 
 # ---- figures ----------------------------------------------------------------------------------------------------
@@ -347,9 +369,16 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
               f"n < 2). Δ vs `{BASELINE}`: mean paired difference on the same seed and overrides; for n < 5 the "
               "per-pair differences and an exact sign-flip p-value, for n ≥ 5 also a t 95% interval; binary outcomes "
               "use an exact McNemar test; p-values Holm-corrected over each task's variants, * = significant at 0.05 "
-              "after correction. Diverged and failed runs are counted beside the means and as failures in success "
-              "rates.", ""]
-    if wins and not few:
+              "after correction (with n pairs the smallest sign-flip p is 2/2^n, 0.25 at n = 3: fewer than 6 pairs "
+              "can never be significant). Diverged and failed runs are counted beside the means and as failures in "
+              "success rates.", ""]
+    possible, needed, most = win_rate_possible(boards)
+    if wins and not few and not possible:
+        lines += ["## Mean win rate across tasks", "",
+                  f"Not computed: with {max(len(b.variants) for b in boards)} variants a win (an exact sign test, "
+                  f"Holm-corrected over every pair of variants) needs at least {needed} paired runs per comparison, "
+                  f"and these boards have at most {most}; every variant would tie at 0.5.", ""]
+    if wins and not few and possible:
         lines += ["## Mean win rate across tasks", "",
                   "A win is a significantly better result on paired runs (exact sign test per pair of variants, "
                   "Holm-corrected per metric, diverged or failed runs ranking worst); anything else is a tie (½). "

@@ -103,6 +103,12 @@ def sign_test(wins: int, losses: int) -> float:
     return float(st.binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
 
 
+def min_pairs_for_significance(n_tests: int, alpha: float = 0.05) -> int:
+    """The fewest paired runs with which one of ``n_tests`` Holm-corrected two-sided sign (or sign-flip) tests can
+    reach ``alpha``: its smallest p-value is 2/2^n and Holm's first threshold alpha/n_tests."""
+    return math.ceil(1 + math.log2(max(1, n_tests) / alpha))
+
+
 def mean_win_rate(outcomes: dict[str, dict[str, dict[str, float]]], higher_is_better: dict[str, bool],
                   alpha: float = 0.05) -> dict[str, float]:
     """Mean win rate with significant wins only: per scenario (a task metric) and pair of variants, compare their

@@ -67,6 +67,7 @@ class Store:
         self.root = Path(root)
         self.runs_dir = self.root / "runs"
         self.db_path = self.root / "results.sqlite"
+        self._readable: int | None = None  # readable run folders, counted at the last rebuild or load
         self.lock_path = self.root / ".lock"
 
     def run_dir(self, run_id: str) -> Path:
@@ -86,6 +87,7 @@ class Store:
         tmp = folder / "result.json.tmp"
         tmp.write_text(result.to_json())
         os.replace(tmp, folder / "result.json")
+        self._readable = None
         try:
             with self._connect() as con:
                 self._upsert(con, result)
@@ -129,13 +131,29 @@ class Store:
         return {r.run_id for r in results if is_finished(r)}
 
     def rebuild(self) -> list[str]:
-        """Recreate the index from the run folders; returns the problems found."""
+        """Recreate the index from the run folders (built aside and moved into place, so that a reader never sees
+        a half-built index); returns the problems found."""
         results, problems = self.scan()
-        self.db_path.unlink(missing_ok=True)
-        with self._connect() as con:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.db_path.with_name(f"{self.db_path.name}.tmp-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        con = sqlite3.connect(tmp)
+        try:
+            con.execute(SCHEMA)
             for r in results:
                 self._upsert(con, r)
+            con.commit()
+        finally:
+            con.close()
+        os.replace(tmp, self.db_path)
+        self._readable = len(results)
         return problems
+
+    def _readable_count(self) -> int:
+        """How many run folders hold a readable result (corrupt ones are not in the index)."""
+        if self._readable is None:
+            self._readable = len(self.scan(warn=False)[0])
+        return self._readable
 
     def _index_is_stale(self) -> bool:
         if not self.db_path.exists():
@@ -152,7 +170,7 @@ class Store:
                 self.rebuild()
             with self._connect() as con:
                 rows = con.execute("SELECT result FROM runs").fetchall()
-            if len(rows) != len(self.result_files()):
+            if len(rows) != self._readable_count():
                 self.rebuild()
                 with self._connect() as con:
                     rows = con.execute("SELECT result FROM runs").fetchall()
@@ -174,7 +192,7 @@ class Store:
     def lock_holder(self) -> str | None:
         """Who holds this folder's lock now (None if nobody); creates nothing."""
         try:
-            fd = os.open(self.lock_path, os.O_RDWR)
+            fd = os.open(self.lock_path, os.O_RDONLY)
         except OSError:
             return None  # no lock file (or unreadable): nobody holds it
         try:

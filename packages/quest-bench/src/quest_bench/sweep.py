@@ -218,9 +218,13 @@ def run_specs(ray, todo: list[RunSpec], store: Store, counts: dict, data_root: s
             for ref in ready:
                 spec = pending.pop(ref)
                 finish(store, spec, *outcome(ray, ref, spec, max_retries), counts, bar)
-            elapsed = ray.get(clock.elapsed.remote())
+            try:
+                elapsed = ray.get(clock.elapsed.remote())
+            except ray.exceptions.RayError as err:
+                raise ValueError(f"the sweep's run clock (a Ray actor) was lost ({type(err).__name__}); run the "
+                                 "same command again to resume") from None
             for ref, spec in list(pending.items()):
-                if elapsed.get(spec.run_id, 0.0) > timeouts[spec.run_id]:
+                if elapsed.get(spec.run_id, 0.0) > timeouts[spec.run_id] and not ray.wait([ref], timeout=0)[0]:
                     ray.cancel(ref, force=True)  # kills the worker process; cancelled tasks are not retried
                     del pending[ref]
                     reason = f"timeout: still running after {timeouts[spec.run_id]:g} s (--run-timeout)"

@@ -15,6 +15,11 @@ layers: m_d ∝ mean over tokens of |v^ℓ_d − v^{ℓ−1}_d|. What the paper 
 - **Gradients**: the estimate is a statistic of the forward pass, detached (no gradient flows through M).
 - **Consecutive** means consecutive in call order within one forward of the model: ``link_elliptical(model)`` puts
   every kernel of the model on one ``MetricChain`` and restarts it at each forward of ``model``.
+- **Causal attention** (``is_causal=True``): an average over all tokens would let each token see a statistic of the
+  tokens after it, so a causal call uses the estimate of that layer's previous *training* call (M = I before the
+  first), like BatchNorm's running statistics, and evaluation uses the last training estimate: nothing of a
+  sequence's future reaches its past. (Causality given only as an ``attn_mask`` is not detected: pass
+  ``is_causal=True``.)
 
 The QUEST form (``elliptical-quest``) normalises keys in the metric: k / ‖k‖_M with ‖k‖_M² = k^T M k, scale 1.
 Both are implemented as q̂ = s ⊙ q, k̂ = s ⊙ k (then normalised for the QUEST form), s = sqrt(m).
@@ -46,8 +51,9 @@ class MetricChain:
             return torch.ones(v_bhld.shape[-3], 1, head_dim, dtype=torch.float32, device=v_bhld.device)
         change = (v_bhld.float() - previous.float()).abs()
         m = change.flatten(0, -4).mean(dim=(0, 2)) if change.dim() > 3 else change.mean(dim=1)  # (H, D)
-        m = m / m.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-        return m.clamp_min(METRIC_FLOOR).sqrt().unsqueeze(-2)
+        top = m.amax(dim=-1, keepdim=True)
+        m = torch.where(top > 0, m / top.clamp_min(torch.finfo(torch.float32).tiny), torch.ones_like(m))  # unchanged
+        return m.clamp_min(METRIC_FLOOR).sqrt().unsqueeze(-2)  # values: no estimate, M = I
 
 
 def _restart_chain(model: nn.Module, args) -> None:

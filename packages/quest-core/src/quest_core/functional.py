@@ -33,16 +33,19 @@ class _ScaledL2Normalize(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, gain: torch.Tensor | None, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, gain: torch.Tensor | None, eps: float, gain_may_be_zero: bool = True
+                ) -> torch.Tensor:
+        ctx.gain_may_be_zero = gain_may_be_zero
         compute = reduction_dtype(x)
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=compute)
         active = norm > eps  # where the clamp is active, y = γ x / eps is linear in x
         inv = norm.clamp_min_(eps).reciprocal_()
         factor = inv if gain is None else inv * gain.to(compute)
-        if x.dtype != compute:  # half inputs: one pass in their dtype, no float32 copy of x (the factor is clamped
-            factor = factor.clamp(max=torch.finfo(x.dtype).max)  # to the dtype: 1/eps overflows float16)
-        y = x * factor.to(x.dtype)
-        keep_u = gain is not None and bool((gain == 0).any())
+        if x.dtype == torch.bfloat16:  # one pass in bfloat16 (float32's range), no float32 copy of x
+            y = x * factor.to(x.dtype)
+        else:  # float32/float64 as they are; float16 through float32, where 1/‖x‖ of a tiny row cannot overflow
+            y = (x.to(compute) * factor).to(x.dtype)
+        keep_u = gain is not None and ctx.gain_may_be_zero and bool((gain == 0).any())  # a sync: only if needed
         u = (x.to(compute) * inv).to(x.dtype) if keep_u else None
         ctx.save_for_backward(y, inv, active, gain, u)
         return y
@@ -61,12 +64,14 @@ class _ScaledL2Normalize(torch.autograd.Function):
         dot = (h.unsqueeze(-2) @ u.unsqueeze(-1)).squeeze(-1) * active  # (..., 1), no (..., D) temporary
         dx = (u * dot.neg_()).add_(h).mul_(inv).to(y.dtype)
         dgain = (g * u).sum_to_size(gain.shape).to(gain.dtype) if gain is not None and ctx.needs_input_grad[1] else None
-        return dx, dgain, None
+        return dx, dgain, None, None
 
 
-def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS, *, gain: torch.Tensor | None = None) -> torch.Tensor:
-    """γ ⊙ x / max(‖x‖, eps) over the last dim (γ = 1 without ``gain``), in x's dtype; the norm in float32."""
-    return _ScaledL2Normalize.apply(x, gain, eps)
+def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS, *, gain: torch.Tensor | None = None,
+                 gain_may_be_zero: bool = True) -> torch.Tensor:
+    """γ ⊙ x / max(‖x‖, eps) over the last dim (γ = 1 without ``gain``), in x's dtype; the norm in float32.
+    ``gain_may_be_zero=False`` (a gain positive by construction) skips the zero check, a host sync on GPUs."""
+    return _ScaledL2Normalize.apply(x, gain, eps, gain_may_be_zero)
 
 
 class _LayerNormSavingOutput(torch.autograd.Function):
@@ -75,14 +80,15 @@ class _LayerNormSavingOutput(torch.autograd.Function):
     Gradients: h = γ ⊙ g, dx = (h − mean(h) − x̂ · mean(h ⊙ x̂)) / std, dγ = Σ g ⊙ x̂, dβ = Σ g."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                weight_may_be_zero: bool = True) -> torch.Tensor:
         compute = reduction_dtype(x)
         xc = x.to(compute)
         var, mean = torch.var_mean(xc, dim=-1, keepdim=True, correction=0)
         rstd = (var + eps).rsqrt_()
         x_hat = (xc - mean).mul_(rstd)
         y = (x_hat * weight.to(compute) + bias.to(compute)).to(x.dtype)
-        keep = x_hat.to(x.dtype) if bool((weight == 0).any()) else None
+        keep = x_hat.to(x.dtype) if weight_may_be_zero and bool((weight == 0).any()) else None
         ctx.save_for_backward(y, rstd, weight, bias, keep)
         return y
 
@@ -97,7 +103,7 @@ class _LayerNormSavingOutput(torch.autograd.Function):
         dx = (h - h.mean(-1, keepdim=True) - x_hat * (h * x_hat).mean(-1, keepdim=True)).mul_(rstd).to(y.dtype)
         dw = (g * x_hat).sum_to_size(weight.shape).to(weight.dtype) if ctx.needs_input_grad[1] else None
         db = g.sum_to_size(bias.shape).to(bias.dtype) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None
+        return dx, dw, db, None, None
 
 
 LAYER_NORM_EPS = 1e-6
@@ -114,13 +120,13 @@ def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor])
     gain = params[side.gain] if side.gain else None
     if gain is not None and side.gain_fn is not None:
         gain = side.gain_fn(gain)
-    if side.norm == "l2":
-        return l2_normalize(x, gain=gain)
+    if side.norm == "l2":  # a gain mapped by gain_fn (e.g. an exponential) is positive: no zero check
+        return l2_normalize(x, gain=gain, gain_may_be_zero=side.gain_fn is None)
     if side.norm == "layernorm":
         ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
         weight = gain if gain is not None else ones
         bias = params[side.bias] if side.bias else torch.zeros_like(ones)
-        return _LayerNormSavingOutput.apply(x, weight, bias, LAYER_NORM_EPS)
+        return _LayerNormSavingOutput.apply(x, weight, bias, LAYER_NORM_EPS, gain is not None)
     return x if gain is None else x * gain.to(x.dtype)
 
 

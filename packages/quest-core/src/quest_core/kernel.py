@@ -47,6 +47,7 @@ class AttentionKernel(nn.Module):
         self.register_load_state_dict_pre_hook(_fill_missing_params)
         self.metric_chain: MetricChain | None = None  # elliptical variants: set by quest_core.link_elliptical
         self._metric: torch.Tensor | None = None  # the metric of the latest call (elliptical variants)
+        self._causal_metric: torch.Tensor | None = None  # causal calls: the estimate of this layer's last training call
 
     def params(self) -> dict[str, torch.Tensor]:
         """The variant's parameters by name (and, for elliptical variants, the current metric as "metric")."""
@@ -58,14 +59,27 @@ class AttentionKernel(nn.Module):
             out["metric"] = self._metric
         return out
 
-    def update_metric(self, v: torch.Tensor) -> None:
-        """Elliptical variants: estimate this call's metric from the values v (..., H, L, D); a no-op otherwise."""
+    def update_metric(self, v: torch.Tensor, causal: bool = False) -> None:
+        """Elliptical variants: this call's metric from the values v (..., H, L, D); a no-op otherwise.
+
+        The estimate averages over every token, so with ``causal`` attention a token would see a statistic of the
+        tokens after it. There, as BatchNorm does with its running statistics, a call uses the estimate of this
+        layer's previous training call (M = I before the first) and, in training mode, stores its own for the next.
+        """
         if not self.spec.uses_metric:
             return
         if self.metric_chain is None:
             raise RuntimeError(f"variant {self.variant!r} needs the previous layer's values: call "
                                "quest_core.link_elliptical(model) once on the model (swap_attention does)")
-        self._metric = self.metric_chain.next_metric(v, self.head_dim)
+        estimate = self.metric_chain.next_metric(v, self.head_dim)
+        if not causal:
+            self._metric = estimate
+            return
+        if self._causal_metric is None or self._causal_metric.shape != estimate.shape:
+            self._causal_metric = torch.ones_like(estimate)
+        self._metric = self._causal_metric
+        if self.training:
+            self._causal_metric = estimate
 
     def transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q̂, k̂): the variant's transform of q and k, laid out (..., H, L, D) (or (H, E, D) per edge)."""
@@ -120,7 +134,7 @@ class AttentionKernel(nn.Module):
         """
         check_inputs(q_bhld, k_bhld, v_bhld, attn_mask, is_causal)
         q_raw, k_raw = q_bhld, k_bhld
-        self.update_metric(v_bhld)
+        self.update_metric(v_bhld, causal=is_causal)
         q_bhld, k_bhld = self.transform(q_bhld, k_bhld)
         scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
         if self.telemetry is not None:

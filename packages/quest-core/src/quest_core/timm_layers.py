@@ -8,8 +8,8 @@ VisionTransformer runs any variant without a copy of ViT code:
 
 Hosts, each converted in place by ``swap_attention`` (same object, same parameters):
 - ``timm.layers.Attention`` (ViT, DeiT, ...): ``TimmAttention``;
-- Swin's ``WindowAttention``: ``SwinWindowAttention``; the relative position bias (and the shifted-window mask)
-  are added to the variant's logits, as Swin-v2 adds its bias to its cosine logits;
+- Swin's ``WindowAttention``: ``SwinWindowAttention``; the relative position bias (and the shifted-window mask,
+  with timm's -100 made -inf) are added to the variant's logits, as Swin-v2 adds its bias to its cosine logits;
 - EVA's ``EvaAttention`` (EVA-02, with rotary embeddings): ``EvaQuestAttention``; the rotary embedding is applied
   to q and k before the variant's transform (QUEST normalises the rotated key; a rotation keeps its norm).
 Each subclass keeps timm's constructor, parameters and the forward up to the attention product, which is written
@@ -79,7 +79,9 @@ class SwinWindowAttention(WindowAttention):
         qkv = self.qkv(x).reshape(B_, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         q_bhld, k_bhld, v_bhld = qkv.unbind(0)
         bias = self._get_rel_pos_bias()  # (1, H, N, N)
-        if mask is not None:  # shifted windows: (num_windows, N, N) of 0 / -inf, per window of each image
+        if mask is not None:  # shifted windows: (num_windows, N, N), 0 or -100 (timm's "masked"), per window of
+            # each image; -100 is made -inf: QUEST's and cosine's logits are not bounded by 100
+            mask = mask.masked_fill(mask < 0, float("-inf"))
             num_win = mask.shape[0]
             mask = mask.view(1, num_win, 1, N, N).expand(B_ // num_win, -1, self.num_heads, -1, -1)
             bias = bias + mask.reshape(-1, self.num_heads, N, N)

@@ -72,6 +72,7 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
         mm_cfg.train_dataloader.batch_size = cfg.batch_size
     if cfg.lr:
         mm_cfg.optim_wrapper.optimizer.lr = cfg.lr
+    exclude_variant_params_from_decay(mm_cfg)
     if cfg.iters:
         set_iters(mm_cfg, cfg.iters)
     mm_cfg.work_dir = str(Path(ctx.out_dir) / "mmseg")
@@ -81,6 +82,19 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     if ctx.device == "cpu":
         mm_cfg.env_cfg.dist_cfg = dict(backend="gloo")
     return mm_cfg, data_id
+
+
+def exclude_variant_params_from_decay(mm_cfg) -> None:
+    """mmengine's optimizer: no weight decay on the attention variants' parameters whose declaration says so
+    (``quest_core.Param.weight_decay``), as ``quest_bench.training.decay_groups`` does in the other tasks."""
+    import quest_core
+
+    paramwise = mm_cfg.optim_wrapper.setdefault("paramwise_cfg", {})
+    keys = paramwise.setdefault("custom_keys", {})
+    for name in quest_core.list_variants():
+        for param in quest_core.get_variant(name).params:
+            if not param.weight_decay:
+                keys[param.name] = dict(decay_mult=0.0)
 
 
 def set_iters(mm_cfg, iters: int) -> None:
