@@ -79,6 +79,7 @@ def make_kernel(variant, heads, dim, dtype=torch.float64, seed=0):
             p.copy_(0.5 + 2 * torch.rand(p.shape, generator=gen, dtype=dtype))
     if kernel.spec.uses_metric:
         kernel.metric_chain = FixedMetric((0.1 + torch.rand(heads, 1, dim, generator=gen, dtype=dtype)).sqrt())
+        kernel._causal_metric = kernel.metric_chain.s.clone()  # causal calls use the previous call's estimate
     return kernel
 
 
