@@ -153,7 +153,7 @@ def test_tasks_imports_no_task_stack():
 
 
 def test_the_progress_bar_shows_the_latest_loss(tmp_path):
-    from quest_bench.task import RunContext
+    from quest_sdk.task import RunContext
 
     ctx = RunContext(tmp_path, "quest", progress=True)
     with ctx.bar(10, "x") as bar:

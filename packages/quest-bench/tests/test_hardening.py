@@ -15,13 +15,13 @@ import pytest
 
 import quest_bench.runner as runner
 from quest_bench.cli import main
-from quest_bench.config import RANGE_KEY
+from quest_sdk.config import RANGE_KEY
 from quest_bench.registry import get_task, task_names
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec, check_name, slug
 from quest_bench.store import Store, StoreLock
 from quest_bench.sweep import check_feasible, run_sweep
-from quest_bench.task import Resources, Task, TaskOutput
+from quest_sdk.task import Resources, Task, TaskOutput
 
 FAST = ["--set", "steps=30", "--set", "eval_samples=200", "--quiet"]
 

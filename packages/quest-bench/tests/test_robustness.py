@@ -2,7 +2,7 @@
 
 import pytest
 
-from quest_bench.robustness import corruption_summary
+from quest_sdk.robustness import corruption_summary
 
 
 def test_summary_averages_scores_and_sums_errors_over_severities():

@@ -9,7 +9,7 @@ from quest_bench.registry import get_task, task_names
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec
 from quest_bench.store import Store
-from quest_bench.task import Diverged, RunContext
+from quest_sdk.task import Diverged, RunContext
 
 
 def test_run_id_is_a_stable_hash_of_spec_and_code_version():

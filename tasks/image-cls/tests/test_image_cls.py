@@ -8,10 +8,10 @@ import torch
 from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
-from quest_bench.task import RunContext
+from quest_sdk.task import RunContext
 from quest_image_cls import data as D
 from quest_image_cls.attacks import adversarial_accuracy
-from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from quest_sdk.image_corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_image_cls.model import Classifier, build_vit, cls_attention
 from quest_image_cls.experiment import accuracy, materialise, train
 from quest_image_cls.task import ImageClsTask

@@ -211,7 +211,7 @@ def test_checkpoint_resume_round_trips_under_weights_only_loading(tmp_path, monk
 def test_a_tiny_run_learns_and_reports_corrupted_miou(tmp_path):
     from quest_bench.runner import execute, resolve
     from quest_bench.spec import RunSpec
-    from quest_image_cls.corruptions import CORRUPTIONS
+    from quest_sdk.image_corruptions import CORRUPTIONS
 
     overrides = {"iters": 150, "mosaic_train": 300, "mosaic_val": 40, "corruption_samples": 8, "log_every": 10}
     result = execute(resolve(RunSpec("segmentation", "quest", "tiny", 0, overrides)), tmp_path / "run", progress=False)

@@ -10,7 +10,7 @@ import io
 import tokenize
 from typing import Any
 
-from quest_bench.config import RANGE_KEY
+from quest_sdk.config import RANGE_KEY
 
 
 def field_comments(config_class: type) -> dict[str, str]:

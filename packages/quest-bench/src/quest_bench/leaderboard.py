@@ -33,7 +33,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from quest_bench.result import RunResult  # noqa: E402
-from quest_bench.robustness import CORRUPTION_ERROR  # noqa: E402
+from quest_sdk.robustness import CORRUPTION_ERROR  # noqa: E402
 from quest_bench.stats import (holm, mcnemar_exact, mean_std, mean_win_rate,  # noqa: E402
                                min_pairs_for_significance, paired_difference, t_interval, wilson_interval)
 from quest_bench.runs import RunSet, suite_runs  # noqa: E402

@@ -6,7 +6,7 @@ import difflib
 from functools import cache
 from importlib.metadata import entry_points, version
 
-from quest_bench.task import Task
+from quest_sdk.task import Task
 
 GROUP = "quest_bench.tasks"
 

@@ -24,7 +24,7 @@ from quest_bench.registry import code_version, get_task
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec, check_name
 from quest_bench.store import unusable_reason
-from quest_bench.task import Diverged, RunContext
+from quest_sdk.task import Diverged, RunContext
 
 PACKAGES = ("torch", "quest-core", "quest-bench", "numpy", "ray", "timm", "torchvision", "torchaudio")
 REPO_ROOT = Path(__file__).resolve().parents[4]

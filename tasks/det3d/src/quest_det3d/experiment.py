@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quest_bench.robustness import corruption_summary
-from quest_bench.task import TaskOutput
-from quest_bench.training import adamw_warmup_cosine, report_step
+from quest_sdk.robustness import corruption_summary
+from quest_sdk.task import TaskOutput
+from quest_sdk.engine import adamw_warmup_cosine, report_step
 from quest_core import Telemetry
 from quest_det3d import data as D
 from quest_det3d.boxes import decode, encode, focal_loss, regression_loss

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
-from quest_bench.robustness import corruption_summary
-from quest_bench.task import TaskOutput
-from quest_bench.training import decay_groups
+from quest_sdk.robustness import corruption_summary
+from quest_sdk.task import TaskOutput
+from quest_sdk.engine import decay_groups
 from quest_core import Telemetry, summarize
 from quest_image_cls import data as D
 from quest_image_cls.attacks import adversarial_accuracy
-from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from quest_sdk.image_corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_image_cls.figures import attention_figure
 from quest_image_cls.model import Classifier, build_vit
 from quest_image_cls.task import ImageClsConfig
@@ -175,7 +175,7 @@ def imagenet_a_accuracy(model, cfg: ImageClsConfig, root: Path, class_to_idx: di
 
 
 def corruption_metrics(model, cfg: ImageClsConfig, x: torch.Tensor, y: torch.Tensor, device, seed: int) -> dict:
-    """Synthetic corruptions (quest_image_cls.corruptions) of the first ``corruption_samples`` test images."""
+    """Synthetic corruptions (quest_sdk.image_corruptions) of the first ``corruption_samples`` test images."""
     n = min(cfg.corruption_samples, len(y))
     x, y = x[:n], y[:n]
     return corruption_summary({

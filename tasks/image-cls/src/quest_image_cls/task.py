@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_bench.config import param
-from quest_bench.task import Resources, Task, TaskOutput
+from quest_sdk.config import param
+from quest_sdk.task import Resources, Task, TaskOutput
 
 
 @dataclass
@@ -23,7 +23,7 @@ class ImageClsConfig:
     epochs: int = param(30, ge=1)
     batch_size: int = param(128, ge=1)
     lr: float = param(2e-3, gt=0)
-    weight_decay: float = param(0.05, ge=0)  # AdamW, on weight matrices only (quest_bench.training.decay_groups)
+    weight_decay: float = param(0.05, ge=0)  # AdamW, on weight matrices only (quest_sdk.engine.decay_groups)
     warmup_epochs: float = param(1.0, ge=0)
     label_smoothing: float = param(0.0, ge=0, lt=1)
     mixup: float = param(0.0, ge=0)  # timm Mixup alpha (0 = off)

@@ -8,8 +8,8 @@ from contextlib import nullcontext
 
 import torch
 
-from quest_bench.task import TaskOutput
-from quest_bench.training import decay_groups, warmup_cosine
+from quest_sdk.task import TaskOutput
+from quest_sdk.engine import decay_groups, warmup_cosine
 from quest_core import Telemetry, summarize
 from quest_lm.data import Corpus, load_corpus
 from quest_lm.model import GPT

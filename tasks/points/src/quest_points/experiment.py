@@ -8,9 +8,9 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from quest_bench.robustness import corruption_summary
-from quest_bench.task import TaskOutput
-from quest_bench.training import adamw_warmup_cosine, report_step
+from quest_sdk.robustness import corruption_summary
+from quest_sdk.task import TaskOutput
+from quest_sdk.engine import adamw_warmup_cosine, report_step
 from quest_core import Telemetry
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_points.data import load

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_bench.config import param
-from quest_bench.task import Resources, Task, TaskOutput
+from quest_sdk.config import param
+from quest_sdk.task import Resources, Task, TaskOutput
 
 
 @dataclass
@@ -33,7 +33,7 @@ class PointsConfig:
     epochs: int = param(25, ge=1)
     batch_size: int = param(32, ge=1)
     lr: float = param(1e-3, gt=0)  # AdamW peak, 1 warm-up epoch then cosine to 1 %
-    weight_decay: float = param(0.05, ge=0)  # on weight matrices only (quest_bench.training.decay_groups)
+    weight_decay: float = param(0.05, ge=0)  # on weight matrices only (quest_sdk.engine.decay_groups)
     warmup_epochs: float = param(1.0, ge=0)
     label_smoothing: float = param(0.1, ge=0, lt=1)
     augment: bool = True  # random anisotropic scale in [2/3, 3/2] and shift in [-0.2, 0.2] per cloud

@@ -9,10 +9,10 @@ from pathlib import Path
 import quest_segmentation.mmcv_shim  # noqa: F401  (before mmengine/mmseg: the mmcv-lite shim)
 from mmengine.hooks import Hook
 
-from quest_bench.robustness import corruption_summary
-from quest_bench.task import TaskOutput
+from quest_sdk.robustness import corruption_summary
+from quest_sdk.task import TaskOutput
 from quest_core import Telemetry, summarize
-from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES
+from quest_sdk.image_corruptions import CORRUPTIONS, SEVERITIES
 from quest_segmentation import data as D
 from quest_segmentation.figures import prediction_figure
 from quest_segmentation.task import SegmentationConfig
@@ -86,7 +86,7 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
 
 def exclude_variant_params_from_decay(mm_cfg) -> None:
     """mmengine's optimizer: no weight decay on the attention variants' parameters whose declaration says so
-    (``quest_core.Param.weight_decay``), as ``quest_bench.training.decay_groups`` does in the other tasks."""
+    (``quest_core.Param.weight_decay``), as ``quest_sdk.engine.decay_groups`` does in the other tasks."""
     import quest_core
 
     paramwise = mm_cfg.optim_wrapper.setdefault("paramwise_cfg", {})

@@ -6,7 +6,7 @@
   gets swapped). ``attention='softmax'`` computes exactly what the stock model computes.
 - ``TextureMosaicsDataset``: mmseg's ``ADE20KDataset`` (same layout, suffixes, ``reduce_zero_label``) with the ten
   classes of the generated texture mosaics (``quest_segmentation.data``).
-- ``ImageCorruption``: a data transform applying one of the shared corruptions (``quest_image_cls.corruptions``)
+- ``ImageCorruption``: a data transform applying one of the shared corruptions (``quest_sdk.image_corruptions``)
   to the loaded image, seeded per sample, for robustness evaluation through the normal test pipeline.
 
     custom_imports = dict(imports=["quest_segmentation.mmseg_plugin"], allow_failed_imports=False)
@@ -26,7 +26,7 @@ from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import DATASETS, MODELS, TRANSFORMS
 
 import quest_core
-from quest_image_cls.corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from quest_sdk.image_corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_segmentation.data import SOURCES
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_bench.config import param
-from quest_bench.task import Resources, Task, TaskOutput
+from quest_sdk.config import param
+from quest_sdk.task import Resources, Task, TaskOutput
 
 
 @dataclass

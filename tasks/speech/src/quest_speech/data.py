@@ -117,20 +117,12 @@ def keywords(split: str, per_word: int, seed: int = 0) -> Utterances:
     return _cached("keywords", {"split": split, "per_word": per_word, "seed": seed}, build)
 
 
-def wiki_sentences(split: str, min_words: int = 4, max_words: int = 12) -> list[str]:
-    """Sentences of WikiText-mini (``quest_lm``'s shipped text) made only of letters and apostrophes, lower-cased."""
-    name = {"train": "wiki.train.tokens.xz", "test": "wiki.test.tokens.xz"}[split]
-    text = lzma.decompress((resources.files("quest_lm") / "data" / name).read_bytes()).decode()
-    sentences = []
-    for line in text.splitlines():
-        if not line.strip() or line.strip().startswith("="):
-            continue
-        for sentence in re.split(r" [.;:?!] ", line):
-            sentence = re.sub(r" (n't|'s|'re|'ve|'ll|'d|'m)\b", r"\1", sentence.lower())  # WikiText splits them off
-            tokens = [t for t in sentence.split() if t not in (",", "@-@", '"')]
-            if min_words <= len(tokens) <= max_words and all(re.fullmatch(r"[a-z']+", t) for t in tokens):
-                sentences.append(" ".join(tokens))
-    return sentences
+def wiki_sentences(split: str) -> list[str]:
+    """Sentences of 4-12 words of WikiText-mini made only of letters and apostrophes, lower-cased (shipped in
+    ``data/wiki_sentences.<split>.txt.xz``; extracted from the WikiText-103 articles that ``quest_lm`` ships, see
+    data/README.md)."""
+    name = {"train": "wiki_sentences.train.txt.xz", "test": "wiki_sentences.test.txt.xz"}[split]
+    return lzma.decompress((resources.files("quest_speech") / "data" / name).read_bytes()).decode().splitlines()
 
 
 def sentences(split: str, count: int, seed: int = 0) -> Utterances:

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 import torchaudio.functional as AF
 
-from quest_bench.robustness import corruption_summary
-from quest_bench.task import TaskOutput
-from quest_bench.training import decay_groups, report_step, warmup_cosine
+from quest_sdk.robustness import corruption_summary
+from quest_sdk.task import TaskOutput
+from quest_sdk.engine import decay_groups, report_step, warmup_cosine
 from quest_core import Telemetry
 from quest_speech import data as D
 from quest_speech.model import CtcModel, KeywordModel, SpeechEncoder, greedy_ctc
@@ -102,7 +102,7 @@ def pad_batch(audio: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Te
 
 
 def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx, device) -> int:
-    """AdamW (quest_bench.training.decay_groups) with warm-up + cosine, gradient clipping; returns the steps run."""
+    """AdamW (quest_sdk.engine.decay_groups) with warm-up + cosine, gradient clipping; returns the steps run."""
     gen = torch.Generator().manual_seed(ctx.seed)
     per_epoch = len(train_set) // cfg.batch_size
     if per_epoch == 0:

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from quest_bench.task import TaskOutput
+from quest_sdk.task import TaskOutput
 from quest_core import Telemetry, summarize
 from quest_spurious.model import ProbeModel
 from quest_spurious.task import SpuriousConfig

@@ -52,7 +52,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
 
-# AdamW with the weight-decay policy of quest_bench.training.decay_groups, in mmengine's vocabulary:
+# AdamW with the weight-decay policy of quest_sdk.engine.decay_groups, in mmengine's vocabulary:
 # no decay on norms, biases, position embedding, CLS token and the qknorm family's learnable gains.
 optim_wrapper = dict(
     type='OptimWrapper', optimizer=dict(type='AdamW', lr=2e-3, betas=(0.9, 0.999), weight_decay=0.05),

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from tqdm.auto import tqdm
 
-from quest_bench.config import make_config
+from quest_sdk.config import make_config
 
 
 class Diverged(Exception):
@@ -72,7 +72,7 @@ class Task(abc.ABC):
 
     def make_config(self, preset: str, overrides: dict[str, Any]):
         """The typed config for a preset plus overrides; unknown presets or keys, wrong types and values outside a
-        field's declared range (``quest_bench.config.param``) fail with what is valid."""
+        field's declared range (``quest_sdk.config.param``) fail with what is valid."""
         if preset not in self.presets:
             raise ValueError(f"task {self.name!r} has no preset {preset!r}; valid presets: {', '.join(self.presets)}")
         return make_config(self.config_class, {**self.presets[preset], **overrides}, f"task {self.name!r}")
@@ -83,34 +83,85 @@ class Task(abc.ABC):
 
 
 class RunContext:
-    """What a running task reports through: progress, training curves (events.jsonl), divergence checks."""
+    """What a running task reports through: progress, training curves (events.jsonl and the trackers of
+    ``quest_sdk.tracking``), divergence checks, checkpoints, and its place among data-parallel workers.
+
+    Only the main worker (rank 0) writes; the others train silently. ``checkpoints`` defaults to the run's folder
+    (``quest_sdk.checkpoint.FolderCheckpoints``); a Ray Train run passes its own store.
+    """
 
     def __init__(self, out_dir: Path, variant: str, seed: int = 0, device: str = "cpu", data_root: str | None = None,
-                 progress: bool = True, max_logit: float = 1e4, fault_diverge_step: int | None = None):
+                 progress: bool = True, max_logit: float = 1e4, fault_diverge_step: int | None = None,
+                 checkpoint_every: int = 0, rank: int = 0, world_size: int = 1, checkpoints=None,
+                 run_name: str = "", fault_crash_step: int | None = None):
+        from quest_sdk.checkpoint import FolderCheckpoints
+
         self.out_dir, self.variant, self.seed = Path(out_dir), variant, seed
         self.device, self.data_root = device, data_root
-        self.progress, self.max_logit_limit = progress, max_logit
+        self.rank, self.world_size = rank, world_size
+        self.is_main = rank == 0
+        self.progress, self.max_logit_limit = progress and self.is_main, max_logit
+        self.checkpoint_every = checkpoint_every  # steps between checkpoints; 0 = ten per run
+        self.checkpoints = checkpoints or FolderCheckpoints(self.out_dir, write=self.is_main)
+        self.run_name = run_name or self.out_dir.name
         self.fault_diverge_step = fault_diverge_step  # test-only fault injection (see quest_bench.runner)
+        self.fault_crash_step = fault_crash_step
         self.telemetry_last: dict[str, float] = {}
-        self._bar = None
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._events = open(self.out_dir / "events.jsonl", "w")
+        self.resumed_from_step = 0
+        self._bar = self._tracker = None
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._events = None
 
-    def bar(self, total: int, desc: str, unit: str = "step"):
+    def begin(self, step: int) -> None:
+        """Training starts (or resumes) after ``step``: curves logged beyond it by an interrupted attempt go."""
+        if not self.is_main:
+            return
+        from quest_sdk.tracking import Tracker
+
+        path = self.out_dir / "events.jsonl"
+        kept = [line for line in (path.read_text().splitlines() if path.exists() and step else [])
+                if _row_step(line) is not None and _row_step(line) <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self._events = open(path, "a")
+        self._tracker = Tracker(self.out_dir, self.run_name, {"variant": self.variant, "seed": self.seed},
+                                purge_step=step + 1 if step else None)
+
+    def wrap_model(self, model):
+        """The model to train: itself, or a DistributedDataParallel wrapper when one of several workers."""
+        if self.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[model_device(model)] if self.device == "cuda" else None)
+
+    def bar(self, total: int, desc: str, unit: str = "step", initial: int = 0):
         """The run's progress bar (steps per second shown as throughput; the loss of the latest logged row is
         added by ``log``)."""
-        self._bar = tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False, dynamic_ncols=True)
+        self._bar = tqdm(total=total, desc=desc, unit=unit, initial=initial, disable=not self.progress, leave=False,
+                         dynamic_ncols=True)
         return self._bar
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        """Append one row of training curves (loss, telemetry, task-specific values) to events.jsonl."""
-        self._events.write(json.dumps({"step": step, **{k: float(v) for k, v in values.items()}}) + "\n")
+        """Append one row of training curves (loss, telemetry, task-specific values) to events.jsonl and the
+        trackers (the main worker only)."""
+        if not self.is_main:
+            return
+        if self._events is None:
+            self.begin(0)
+        values = {k: float(v) for k, v in values.items()}
+        self._events.write(json.dumps({"step": step, **values}) + "\n")
         self._events.flush()
+        self._tracker.log(step, values)
         if self._bar is not None and "loss" in values:
-            self._bar.set_postfix(loss=f"{float(values['loss']):.3f}", refresh=False)
+            self._bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
 
     def check(self, step: int, loss: float, telemetry: dict[str, float] | None = None) -> None:
         """Raise Diverged on a non-finite loss or exploding attention logits."""
+        if self.fault_crash_step is not None and step >= self.fault_crash_step:
+            import os
+
+            os._exit(17)  # test-only: the process dies mid-run (after the checkpoint of an earlier step)
         if self.fault_diverge_step is not None and step >= self.fault_diverge_step:
             loss = math.nan
         if not math.isfinite(loss):
@@ -122,4 +173,18 @@ class RunContext:
                 raise Diverged(step, f"max attention logit {logit:.3g} > {self.max_logit_limit:g}")
 
     def close(self) -> None:
-        self._events.close()
+        if self._events is not None:
+            self._events.close()
+        if self._tracker is not None:
+            self._tracker.close()
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn last line of an interrupted attempt
+
+
+def model_device(model) -> int:
+    return next(model.parameters()).device.index or 0

@@ -1,0 +1,47 @@
+"""Data helpers every task shares: the cache folder, atomic builds of generated datasets, the data root."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+# Generated datasets and processed caches live here (``QUEST_BENCH_CACHE`` moves it), never in the source tree.
+CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench"))
+
+
+def build_once(root: Path, build: Callable[[Path], None], done: str) -> Path:
+    """``root``, built on first use by ``build(folder)``; ``root / done`` marks a complete build.
+
+    Parallel runs each build into their own temporary folder and rename it into place (atomic; the loser's copy,
+    of the same content, is deleted), so no run ever reads a half-built dataset. An incomplete folder left by an
+    interrupted older build is replaced.
+    """
+    root = Path(root)
+    if (root / done).exists():
+        return root
+    tmp = root.with_name(f"{root.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        if not (tmp / done).exists():
+            raise RuntimeError(f"building {root} did not write its completion marker {done!r}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if root.exists() and not (root / done).exists():
+        shutil.rmtree(root, ignore_errors=True)
+    try:
+        tmp.rename(root)
+    except OSError:  # another run got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def require_data_root(data_root: str | None, dataset: str) -> Path:
+    """``data_root`` as a Path, or a clear error for a dataset that is only read from ``--data-root``."""
+    if not data_root:
+        raise ValueError(f"dataset {dataset!r} is read from --data-root; none given")
+    return Path(data_root)
