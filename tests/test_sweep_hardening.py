@@ -1,5 +1,5 @@
 """End-to-end faults of a sweep on a local Ray instance: authentication and loopback binding, a Python error and a
-hang in a worker (traceback kept, timeout enforced), one fresh process per run, scratch folders removed."""
+hang in a worker (traceback kept, timeout enforced), one fresh process per run, run folders written live."""
 
 import json
 import os
@@ -79,7 +79,7 @@ def test_a_sweeps_ray_instance_is_loopback_only_and_refuses_clients_without_its_
     assert driver.returncode == 0
 
 
-def test_errors_hangs_fresh_workers_and_scratch(tmp_path):
+def test_errors_hangs_and_fresh_workers(tmp_path):
     suite = write_suite(tmp_path, "faults", variants=("softmax",), seeds=(0, 1, 2, 3))
     results = tmp_path / "results"
     scratch_tmp = Path(tempfile.mkdtemp(prefix="qbt-", dir="/tmp"))  # short: Ray's socket paths live under it
@@ -98,7 +98,7 @@ def test_errors_hangs_fresh_workers_and_scratch(tmp_path):
     assert result[0]["env"]["pid"] != result[3]["env"]["pid"]  # max_calls=1: a fresh worker process per run
     lines = [line for line in proc.stderr.splitlines() if "spurious/softmax/tiny/seed2" in line]
     assert len(lines) == 1 and lines[0].startswith("failed") and "timeout" in lines[0]  # one line per finished run
-    assert not list(scratch_tmp.glob("quest-bench-sweep-*"))  # the per-sweep scratch folder is gone
+    assert not list(scratch_tmp.glob("quest-bench-sweep-*"))  # no scratch: runs write into the results folder
     board = quest_bench("leaderboard", "--suite", suite, "--results", results)
     assert board.returncode == 0
     assert board.stderr.count("warning: run ") == 2
@@ -111,12 +111,12 @@ def test_infeasible_resources_are_refused_up_front(tmp_path):
     proc = quest_bench("sweep", "--suite", suite, "--results", tmp_path / "results")
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("quest-bench: error: run image-cls/quest/paper/seed0 needs 10 CPUs and 1 GPUs on one "
-                           "node, but the cluster's nodes have: ")
+    assert last.startswith("quest-bench: error: run image-cls/quest/paper/seed0 needs 1 worker(s) of 10 CPUs, 1 GPUs "
+                           "(cuda), but the cluster's nodes have: ")
     assert not (tmp_path / "results").exists()  # nothing written
 
 
-def test_ctrl_c_stops_a_sweep_in_one_line_and_cleans_up(tmp_path):
+def test_a_run_s_curves_are_live_in_the_results_folder_and_ctrl_c_stops_in_one_line(tmp_path):
     suite = write_suite(tmp_path, "sigint", variants=("softmax",), seeds=(0, 1), steps=4000)
     results = tmp_path / "results"
     scratch_tmp = Path(tempfile.mkdtemp(prefix="qbt-", dir="/tmp"))
@@ -124,13 +124,15 @@ def test_ctrl_c_stops_a_sweep_in_one_line_and_cleans_up(tmp_path):
                              "--results", str(results)], env=cli_env(TMPDIR=str(scratch_tmp)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not list(scratch_tmp.glob("quest-bench-sweep-*/*")) and time.time() < deadline:
-        time.sleep(0.5)  # wait until a run is under way
-    assert list(scratch_tmp.glob("quest-bench-sweep-*/*")), "no run started"
+    events = lambda: [p for p in results.glob("sigint/runs/*/events.jsonl") if p.stat().st_size]  # noqa: E731
+    while not events() and time.time() < deadline:
+        time.sleep(0.5)  # wait until a run has logged its first rows, while it trains
+    assert events(), "no training curve appeared in the results folder while the run trained"
+    assert json.loads(events()[0].read_text().splitlines()[0])["step"] >= 1
+    assert list(results.glob("sigint/runs/*/tensorboard/events.out.tfevents.*"))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err
-    assert not list(scratch_tmp.glob("quest-bench-sweep-*"))
     assert not list(results.glob("sigint/runs/*/result.json"))
     subprocess.run(["rm", "-rf", str(scratch_tmp)], check=False)

@@ -20,7 +20,7 @@ from quest_bench.registry import get_task, task_names
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec, check_name, slug
 from quest_bench.store import Store, StoreLock
-from quest_bench.sweep import check_feasible, run_sweep
+from quest_bench.sweep import Placement, check_feasible, placement, run_sweep
 from quest_sdk.task import Resources, Task, TaskOutput
 
 FAST = ["--set", "steps=30", "--set", "eval_samples=200", "--quiet"]
@@ -212,11 +212,24 @@ def test_infeasible_resources_are_refused_with_what_the_cluster_has(monkeypatch)
         resources = {"tiny": Resources(num_cpus=4, num_gpus=1)}
 
     monkeypatch.setattr("quest_bench.sweep.get_task", lambda name: GpuTask({}))
+    spec = RunSpec("fake", "quest")
+    places = {spec.run_id: placement(spec)}
+    assert places[spec.run_id] == Placement("cuda", 1, 4, 1.0)
     nodes = [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 8.0, "GPU": 1.0}}]
-    with pytest.raises(ValueError, match=r"needs 4 CPUs and 1 GPUs on one node, but the cluster's nodes have: "
-                                         r"2 CPUs, 0 GPUs\..*--wait-for-resources"):
-        check_feasible([RunSpec("fake", "quest")], nodes)
-    check_feasible([RunSpec("fake", "quest")], [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}])
+    with pytest.raises(ValueError, match=r"needs 1 worker\(s\) of 4 CPUs, 1 GPUs \(cuda\), but the cluster's nodes "
+                                         r"have: 2 CPUs, 0 GPUs\..*--wait-for-resources"):
+        check_feasible([spec], places, nodes)
+    check_feasible([spec], places, [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}])
+    # data-parallel workers may spread over nodes, but must all fit
+    four = {spec.run_id: placement(spec, workers=4)}
+    two_nodes = [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 2.0}}] * 2
+    check_feasible([spec], four, two_nodes)
+    with pytest.raises(ValueError, match="needs 5 worker"):
+        check_feasible([spec], {spec.run_id: placement(spec, workers=5)}, two_nodes)
+    # --device cpu runs the GPU preset on CPUs
+    assert placement(spec, device="cpu") == Placement("cpu", 1, 4, 0.0)
+    with pytest.raises(ValueError, match="--workers must be >= 1"):
+        placement(spec, workers=-1)
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "x y", "", "a..b", "tiny\n"])

@@ -147,27 +147,18 @@ def test_leaderboard_mce_relative_to_softmax(tmp_path):
     assert "needs at least 6 paired runs per comparison, and these boards have at most 2" in md
 
 
-def test_a_rerun_replaces_every_file_of_the_failed_attempt(tmp_path):
+def test_a_rerun_keeps_the_run_s_own_files_and_drops_the_failed_attempt_s_error(tmp_path):
     from quest_bench.sweep import write_run
 
     store = Store(tmp_path / "suite")
     spec = RunSpec("spurious", "quest", "tiny", 0, {}, "x")
-    write_run(store, spec, make_result(spec.run_id, "quest", status="failed"), {"error.txt": b"Traceback ...", "events.jsonl": b"{}\n"})
-    write_run(store, spec, make_result(spec.run_id, "quest"), {"events.jsonl": b'{"step": 1}\n'})
     folder = store.run_dir(spec.run_id)
+    folder.mkdir(parents=True)
+    (folder / "events.jsonl").write_text('{"step": 1}\n')  # written by the run itself while it trained
+    write_run(store, spec, make_result(spec.run_id, "quest", status="failed"), "Traceback ...")
+    assert (folder / "error.txt").read_text() == "Traceback ...\n"
+    assert [r.status for r in store.load()] == ["failed"]
+    write_run(store, spec, make_result(spec.run_id, "quest"), None)
     assert not (folder / "error.txt").exists()
     assert (folder / "events.jsonl").read_text() == '{"step": 1}\n'
     assert [r.status for r in store.load()] == ["ok"]
-
-
-def test_files_over_the_limit_are_skipped_and_listed_but_later_files_still_come(tmp_path):
-    from quest_bench.sweep import collect_files
-
-    (tmp_path / "a_checkpoint.pth").write_bytes(b"x" * 500)
-    (tmp_path / "events.jsonl").write_bytes(b"y" * 60)
-    (tmp_path / "z" / "predictions.png").parent.mkdir()
-    (tmp_path / "z" / "predictions.png").write_bytes(b"z" * 30)
-    files = collect_files(tmp_path, limit=100)
-    assert set(files) == {"events.jsonl", "z/predictions.png", "files_not_kept.txt"}
-    assert b"a_checkpoint.pth (500 bytes)" in files["files_not_kept.txt"]
-    assert "files_not_kept.txt" not in collect_files(tmp_path, limit=1000)

@@ -124,3 +124,24 @@ def test_unreadable_checkpoint_is_reported_and_training_starts_over(tmp_path, ca
     _, trainer = train(tmp_path / "run", steps=3)
     assert trainer.resumed_from_step == 0 and trainer.step == 3
     assert "ignoring unreadable checkpoint" in capsys.readouterr().err
+
+
+def test_mlflow_tracking_when_configured(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    monkeypatch.setenv("QUEST_BENCH_TRACKING", "mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())  # a local store, no server
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores behind this switch
+    train(tmp_path / "run", steps=4)
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert len(runs) == 1
+    history = mlflow.tracking.MlflowClient().get_metric_history(runs[0].info.run_id, "loss")
+    assert [m.step for m in history] == [1, 4]
+    assert runs[0].data.params["variant"] == "quest"
+
+
+def test_unknown_tracker_is_refused_with_the_valid_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUEST_BENCH_TRACKING", "wandb")
+    with pytest.raises(ValueError, match="unknown tracker.*wandb; valid: tensorboard, mlflow"):
+        train(tmp_path / "run", steps=2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -166,13 +167,36 @@ def cmd_run(args) -> int:
         return 0
     print(f"{'resuming' if state == 'resume' else 'running'} {spec.label()} -> {out}", file=sys.stderr)
     (out / "spec.json").write_text(json.dumps(spec_record(spec), indent=2, sort_keys=True))
-    result = execute(spec, out, device=args.device, data_root=args.data_root, progress=not args.quiet)
+    from quest_bench.registry import get_task
+
+    workers = args.workers or get_task(spec.task).resources_for(spec.preset).workers
+    if workers > 1:
+        result = run_distributed(spec, out, args, workers)
+    else:
+        result = execute(spec, out, device=args.device, data_root=args.data_root, progress=not args.quiet,
+                         checkpoint_every=args.checkpoint_every)
     (out / "spec.json").write_text(json.dumps(spec_record(spec, result), indent=2, sort_keys=True))
     tmp = out / "result.json.tmp"
     tmp.write_text(result.to_json())
     tmp.replace(out / "result.json")
     print_result(result, out)
     return 0 if result.status != "failed" else 1
+
+
+def run_distributed(spec: RunSpec, out: Path, args, workers: int):
+    """``run --workers N``: one run on N data-parallel workers of a local Ray instance (or RAY_ADDRESS's cluster)."""
+    from quest_bench.distributed import execute_distributed
+    from quest_bench.sweep import ray_session
+
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    with ray_session(None, max_retries=args.max_failures) as ray:
+        cpus = sum(n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive"))
+        if args.device == "cpu" and cpus < workers:
+            raise ValueError(f"--workers {workers} needs {workers} CPUs; this Ray instance has {cpus:g}")
+        return execute_distributed(spec, out, workers, args.device, args.data_root, progress=not args.quiet,
+                                   checkpoint_every=args.checkpoint_every, max_failures=args.max_failures,
+                                   threads=args.threads)
 
 
 def check_device(device: str) -> None:
@@ -229,14 +253,24 @@ def check_results_folder(path: Path) -> None:
 
 def cmd_sweep(args) -> int:
     from quest_bench.suite import load_suite
-    from quest_bench.sweep import check_sweep_args, run_sweep
+    from quest_bench.sweep import check_sweep_args, dry_run, run_sweep
 
     check_sweep_args(args.max_retries, args.run_timeout)
     check_results_folder(Path(args.results))
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ and not Path(args.results).is_absolute():
+        raise ValueError(f"--results {args.results} is relative, and under `ray job submit` it would resolve inside "
+                         "the job's temporary working folder on the head node (lost when the job ends); give an "
+                         "absolute path on the shared filesystem, e.g. --results /shared/results")
     suite = load_suite(args.suite)
+    if args.device == "cuda" and not (args.address or os.environ.get("RAY_ADDRESS")):
+        check_device("cuda")  # a local sweep: this machine must have one
+    if args.dry_run:
+        print(dry_run(suite, Path(args.results), args.device, args.workers))
+        return 0
     counts = run_sweep(suite, Path(args.results), address=args.address, data_root=args.data_root,
                        max_retries=args.max_retries, run_timeout=args.run_timeout, wait=args.wait,
-                       wait_for_resources=args.wait_for_resources, progress=not args.quiet)
+                       wait_for_resources=args.wait_for_resources, progress=not args.quiet, device=args.device,
+                       workers=args.workers, checkpoint_every=args.checkpoint_every)
     print(f"suite {suite.name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0 if counts["failed"] == 0 else 1
 
@@ -353,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a task config key")
     run.add_argument("--data-root", help="folder with real datasets (defaults use shipped or generated data)")
     run.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    run.add_argument("--workers", type=int, help="data-parallel workers through Ray Train (default: the preset's, "
+                     "usually 1 = this process, no Ray)")
+    run.add_argument("--max-failures", type=int, default=2, help="with --workers: restarts after a worker dies, "
+                     "each from the last checkpoint (default 2)")
+    run.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                     help="steps between checkpoints (default 0: ten per run, plus the end)")
     run.add_argument("--out", help="run folder (default: results/adhoc/<task>-<variant>-<run_id>); must be new, "
                      "empty, or hold the same spec (a finished run is not repeated, an unfinished one runs again)")
     run.add_argument("--force", action="store_true", help="replace an earlier run in --out (a folder with a "
@@ -375,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="if another sweep driver is using the results folder, wait for it instead of refusing")
     sweep.add_argument("--wait-for-resources", action="store_true",
                        help="submit runs that no node can host yet (autoscaling clusters) instead of refusing them")
+    sweep.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                       help="auto (default): CUDA for presets that ask for GPUs; cpu/cuda for every run")
+    sweep.add_argument("--workers", type=int, help="data-parallel workers per run (default: each preset's)")
+    sweep.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                       help="steps between checkpoints (default 0: ten per run, plus the end)")
+    sweep.add_argument("--dry-run", action="store_true", help="list the runs to do and their resources; run nothing")
     sweep.add_argument("--quiet", action="store_true")
     sweep.set_defaults(fn=cmd_sweep)
 

@@ -31,6 +31,7 @@ class RunResult:
     env: dict[str, Any] = field(default_factory=dict)  # package versions, git sha, dirty flag, device, host, python
     data: dict[str, str] = field(default_factory=dict)  # dataset name and content hash or revision
     config: dict[str, Any] = field(default_factory=dict)  # the task's full resolved config
+    resumed_from_step: int = 0  # the checkpoint step a restarted run resumed from (0: trained from the start)
     finished_at: str = ""  # when the run ended, ISO 8601 UTC ("" in results written before this field existed)
     schema_version: int = SCHEMA_VERSION  # version of this schema
 

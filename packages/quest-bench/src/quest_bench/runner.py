@@ -2,6 +2,8 @@
 
 Test-only fault injection (``QUEST_BENCH_FAULTS``, comma-separated, inherited by Ray workers):
 ``crash_once=PATH`` kills the worker process the first time (creating PATH), so a retry must finish the run;
+``crash_at_step=N`` (with ``crash_once=PATH``) kills it at training step N instead, the first time, so the retry
+must resume from the last checkpoint;
 ``diverge_at_step=N`` turns the loss into NaN from step N, so the run must be recorded as diverged;
 ``raise_for_seed=N`` raises outside the task's run for seed N (a Ray task error, whose traceback must be kept);
 ``hang_for_seed=N`` sleeps for an hour before running seed N (a run the sweep's timeout must cancel).
@@ -48,12 +50,19 @@ def faults() -> dict[str, str]:
 
 
 def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | None = None,
-            progress: bool = True) -> RunResult:
-    """Run one spec; every outcome (ok, diverged, failed) comes back as a RunResult, nothing is raised."""
+            progress: bool = True, checkpoint_every: int = 0, rank: int = 0, world_size: int = 1,
+            checkpoints=None) -> RunResult:
+    """Run one spec in ``out_dir``; every outcome (ok, diverged, failed) comes back as a RunResult, nothing is
+    raised. A folder holding a checkpoint of the same spec resumes from it. ``rank``/``world_size``/``checkpoints``:
+    one worker of a data-parallel run (``quest_bench.distributed``); only rank 0 writes to ``out_dir``."""
     import torch
 
     injected = faults()
-    if "crash_once" in injected and not os.path.exists(injected["crash_once"]):
+    crash_step = None
+    if "crash_at_step" in injected and not os.path.exists(injected["crash_once"]):
+        Path(injected["crash_once"]).touch()
+        crash_step = int(injected["crash_at_step"])
+    elif "crash_once" in injected and not os.path.exists(injected["crash_once"]):
         Path(injected["crash_once"]).touch()
         os._exit(17)  # a worker that dies: the driver must retry
     if injected.get("raise_for_seed") == str(spec.seed):
@@ -61,7 +70,8 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     if injected.get("hang_for_seed") == str(spec.seed):
         time.sleep(3600)
     task = get_task(spec.task)
-    (Path(out_dir) / "error.txt").unlink(missing_ok=True)  # from an earlier attempt in the same folder
+    if rank == 0:
+        (Path(out_dir) / "error.txt").unlink(missing_ok=True)  # from an earlier attempt in the same folder
     result = RunResult(
         run_id=spec.run_id, task=spec.task, task_version=task.version, variant=spec.variant, preset=spec.preset,
         seed=spec.seed, overrides=dict(spec.overrides), status="ok", primary_metric=task.primary_metric,
@@ -69,7 +79,10 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         env=environment(device, data_root),
     )
     diverge_step = int(injected["diverge_at_step"]) if "diverge_at_step" in injected else None
-    ctx = RunContext(out_dir, spec.variant, spec.seed, device, data_root, progress, fault_diverge_step=diverge_step)
+    ctx = RunContext(out_dir, spec.variant, spec.seed, device, data_root, progress, fault_diverge_step=diverge_step,
+                     checkpoint_every=checkpoint_every, rank=rank, world_size=world_size, checkpoints=checkpoints,
+                     run_name=f"{spec.label()} {spec.run_id[:12]}", fault_crash_step=crash_step,
+                     fault_crash_exits=True)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -88,10 +101,13 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         result.status, result.reason, result.diverged_step = "diverged", err.reason, err.step
     except Exception as err:  # a failed run is a result too; the traceback goes next to it
         result.status, result.reason = "failed", f"{type(err).__name__}: {err}"
-        (Path(out_dir) / "error.txt").write_text(traceback.format_exc())
+        if rank == 0:
+            (Path(out_dir) / "error.txt").write_text(traceback.format_exc())
     finally:
         ctx.close()
     result.telemetry = ctx.telemetry_last
+    result.resumed_from_step = ctx.resumed_from_step
+    result.env["workers"] = world_size
     result.cost["wall_s"] = time.perf_counter() - start
     result.cost["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device == "cuda":
@@ -115,7 +131,8 @@ def environment(device: str, data_root: str | None = None) -> dict:
 
 
 def git_state() -> dict:
-    """The git sha and dirty flag of the checkout this code runs from ("unknown" outside a git checkout)."""
+    """The git sha and dirty flag of the checkout this code runs from; in an image built from infra/Dockerfile
+    (no .git), the sha it was built from (``QUEST_BENCH_GIT_SHA``); else "unknown"."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -123,5 +140,5 @@ def git_state() -> dict:
         if sha.returncode == 0:
             return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
-        pass  # no git on this worker: recorded as unknown below
-    return {"git_sha": "unknown", "git_dirty": None}
+        pass  # no git on this worker: the image's sha, or unknown
+    return {"git_sha": os.environ.get("QUEST_BENCH_GIT_SHA", "unknown"), "git_dirty": None}

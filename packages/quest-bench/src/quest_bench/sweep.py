@@ -7,9 +7,15 @@ RAY_AUTH_TOKEN when the cluster uses token auth). What a sweep guarantees:
 - resume: runs whose result.json counts as finished (ok with a finite primary metric, or diverged) are skipped;
 - one driver per results folder (a lock file; a second driver refuses, or waits with ``wait=True``);
 - runs that no node of the cluster can host are refused before anything runs, with what the cluster has;
-- each run gets a fresh worker process (``max_calls=1``) and a scratch folder under a per-sweep folder;
-- a worker that dies is retried ``max_retries`` times (also when Ray's memory monitor kills it); a run that
-  diverges is a result, never retried; a run longer than its timeout is cancelled and recorded ``failed: timeout``;
+- each run gets a fresh worker process (``max_calls=1``) that writes its folder directly in the results folder
+  (which every node must see at the same path: a shared filesystem on a cluster), so ``events.jsonl`` and the
+  TensorBoard files can be watched while it trains and checkpoints survive the worker; the driver alone writes
+  ``result.json`` and the index;
+- a worker that dies is retried ``max_retries`` times (also when Ray's memory monitor kills it) and the retry
+  resumes from the run's last checkpoint; a run that diverges is a result, never retried; a run longer than its
+  timeout is cancelled and recorded ``failed: timeout``;
+- a run whose preset (or ``workers``) asks for several workers trains data-parallel through Ray Train
+  (``quest_bench.distributed``);
 - a failed run keeps its Python traceback in ``error.txt``.
 """
 
@@ -19,10 +25,10 @@ import json
 import math
 import os
 import secrets
-import shutil
+import socket
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,7 +40,6 @@ from quest_bench.spec import RunSpec
 from quest_bench.store import Store, in_use_message
 from quest_bench.suite import Suite
 
-ARTIFACT_LIMIT = 20 * 2**20  # bytes of files a worker may send back per run
 POLL_S = 2.0  # how often the driver looks at finished runs and timeouts
 
 
@@ -53,9 +58,38 @@ class RunClock:
         return {run_id: now - t for run_id, t in self.started.items()}
 
 
-def run_in_worker(spec_json: dict, device: str, data_root: str | None, scratch_root: str,
-                  clock) -> tuple[str, dict[str, bytes]]:
-    """Executed in a fresh Ray worker: run in a scratch folder, return the result and the run's files."""
+@dataclass(frozen=True)
+class Placement:
+    """Where and how one run executes: its device, data-parallel workers and the resources of each."""
+
+    device: str  # "cpu" or "cuda"
+    workers: int  # 1, or the data-parallel workers of a Ray Train run
+    num_cpus: float  # per worker
+    num_gpus: float  # per worker
+
+    @property
+    def total(self) -> str:
+        gpus = f", {self.num_gpus:g} GPUs" if self.num_gpus else ""
+        return f"{self.workers} worker(s) of {self.num_cpus:g} CPUs{gpus} ({self.device})"
+
+
+def placement(spec: RunSpec, device: str = "auto", workers: int | None = None) -> Placement:
+    """The placement of a run: the preset's resources, with ``device`` ("auto": CUDA if the preset asks for GPUs)
+    and ``workers`` (default: the preset's) overriding them."""
+    res = get_task(spec.task).resources_for(spec.preset)
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, got {device!r}")
+    chosen = ("cuda" if res.num_gpus > 0 else "cpu") if device == "auto" else device
+    gpus = 0.0 if chosen == "cpu" else max(float(res.num_gpus), 1.0)
+    count = workers or res.workers
+    if count < 1:
+        raise ValueError(f"--workers must be >= 1, got {count}")
+    return Placement(chosen, count, res.num_cpus, gpus)
+
+
+def run_in_worker(spec_json: dict, run_dir: str, where: Placement, data_root: str | None, clock,
+                  checkpoint_every: int, max_failures: int) -> str:
+    """Executed in a fresh Ray worker: run in the run's own folder of the results storage; return the result."""
     import ray
 
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -63,31 +97,21 @@ def run_in_worker(spec_json: dict, device: str, data_root: str | None, scratch_r
 
     spec = RunSpec.from_json(spec_json)
     ray.get(clock.start.remote(spec.run_id))
-    scratch = Path(scratch_root) / spec.run_id
-    shutil.rmtree(scratch, ignore_errors=True)  # left by an earlier attempt that was killed
-    scratch.mkdir(parents=True)
-    try:
-        result = execute(spec, scratch, device=device, data_root=data_root, progress=False)
-        return result.to_json(), collect_files(scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    folder = Path(run_dir)
+    if not folder.parent.is_dir():
+        raise ValueError(f"the results folder {folder.parent.parent} is not visible on node {socket.gethostname()}: "
+                         "a sweep on a cluster needs --results on a filesystem every node mounts at the same path")
+    folder.mkdir(exist_ok=True)
+    if where.workers > 1:
+        from quest_bench.distributed import execute_distributed
 
-
-def collect_files(folder: Path, limit: int = ARTIFACT_LIMIT) -> dict[str, bytes]:
-    """A run's files to send back, up to ``limit`` bytes in all; a file that does not fit (a large checkpoint) is
-    skipped, the smaller ones after it still come, and ``files_not_kept.txt`` lists what was skipped."""
-    files, total, dropped = {}, 0, []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        size = path.stat().st_size
-        if total + size > limit:
-            dropped.append(f"{path.relative_to(folder)} ({size} bytes)")
-            continue
-        total += size
-        files[str(path.relative_to(folder))] = path.read_bytes()
-    if dropped:
-        files["files_not_kept.txt"] = (f"over the per-run limit of files sent back ({limit} bytes):\n"
-                                       + "\n".join(dropped) + "\n").encode()
-    return files
+        result = execute_distributed(spec, folder, where.workers, where.device, data_root, progress=False,
+                                     checkpoint_every=checkpoint_every, max_failures=max_failures,
+                                     cpus_per_worker=where.num_cpus)
+    else:
+        result = execute(spec, folder, device=where.device, data_root=data_root, progress=False,
+                         checkpoint_every=checkpoint_every)
+    return result.to_json()
 
 
 def failed_result(spec: RunSpec, reason: str) -> RunResult:
@@ -109,14 +133,33 @@ def todo_specs(suite: Suite, store: Store) -> list[RunSpec]:
     return [s for s in suite.specs if s.run_id not in done]
 
 
+def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int | None = None) -> str:
+    """What a sweep would do, without Ray: one line per run to do (placement and timeout), then the totals."""
+    store = Store(Path(results_dir) / suite.name)
+    todo = todo_specs(suite, store)
+    lines = [f"suite {suite.name}: {len(suite.specs)} runs, {len(suite.specs) - len(todo)} already finished, "
+             f"{len(todo)} to run -> {store.root}"]
+    cpus = gpus = 0.0
+    for spec in todo:
+        where, task = placement(spec, device, workers), get_task(spec.task)
+        cpus, gpus = cpus + where.num_cpus * where.workers, gpus + where.num_gpus * where.workers
+        lines.append(f"  {spec.label():48s} {where.total}, timeout {task.timeout_for(spec.preset):g} s  "
+                     f"{spec.run_id[:12]}")
+    lines.append(f"to run: {len(todo)} runs asking for {cpus:g} CPUs and {gpus:g} GPUs in all (they queue for what "
+                 "the cluster has)")
+    return "\n".join(lines)
+
+
 def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_root: str | None = None,
               max_retries: int = 2, run_timeout: float | None = None, wait: bool = False,
-              wait_for_resources: bool = False, progress: bool = True) -> dict[str, int]:
+              wait_for_resources: bool = False, progress: bool = True, device: str = "auto",
+              workers: int | None = None, checkpoint_every: int = 0) -> dict[str, int]:
     """Run every missing spec of ``suite``; returns counts by status for this invocation (plus 'skipped').
 
     ``run_timeout``: seconds per run (default: each preset's, ``Task.timeout_for``). ``wait``: queue behind another
     driver of the same results folder instead of refusing. ``wait_for_resources``: submit runs that no node can
-    host yet (an autoscaling cluster adds the nodes) instead of refusing them.
+    host yet (an autoscaling cluster adds the nodes) instead of refusing them. ``device`` and ``workers`` override
+    every preset's (``placement``); ``checkpoint_every``: steps between checkpoints (0: ten per run).
     """
     check_sweep_args(max_retries, run_timeout)
     store = Store(Path(results_dir) / suite.name)
@@ -128,16 +171,18 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
     holder = store.lock_holder()
     if holder and not wait:  # refused before Ray starts (and again, race-free, when the lock is taken below)
         raise ValueError(in_use_message(store.root, holder))
+    places = {spec.run_id: placement(spec, device, workers) for spec in todo}
     with ray_session(address, max_retries) as ray:
         if not wait_for_resources:  # refused before anything is written
-            check_feasible(todo, ray.nodes())
+            check_feasible(todo, places, ray.nodes())
         with store.lock(wait):
             todo = todo_specs(suite, store)  # another driver may have finished some while we waited for the lock
             counts["skipped"] = len(suite.specs) - len(todo)
             print(f"suite {suite.name}: {len(suite.specs)} runs, {counts['skipped']} already finished, {len(todo)} "
                   f"to run -> {store.root}", file=sys.stderr)
             if todo:
-                run_specs(ray, todo, store, counts, data_root, max_retries, run_timeout, progress)
+                run_specs(ray, todo, places, store, counts, data_root, max_retries, run_timeout, progress,
+                          checkpoint_every)
     return counts
 
 
@@ -185,30 +230,34 @@ def ray_session(address: str | None, max_retries: int):
                                                                   not ray_constants.IS_WINDOWS_OR_OSX)
 
 
-def check_feasible(specs: list[RunSpec], nodes: list[dict]) -> None:
-    """Refuse runs that no alive node can host (e.g. a GPU preset on a CPU-only machine), naming what there is."""
+def check_feasible(specs: list[RunSpec], places: dict[str, Placement], nodes: list[dict]) -> None:
+    """Refuse runs that the alive nodes cannot host (e.g. a GPU preset on a CPU-only machine; more data-parallel
+    workers than fit), naming what there is."""
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for r in alive) or "no nodes"
     for spec in specs:
-        need = get_task(spec.task).resources_for(spec.preset)
-        if not any(r.get("CPU", 0) >= need.num_cpus and r.get("GPU", 0) >= need.num_gpus for r in alive):
-            have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for r in alive) or "no nodes"
-            raise ValueError(f"run {spec.label()} needs {need.num_cpus:g} CPUs and {need.num_gpus:g} GPUs on one "
-                             f"node, but the cluster's nodes have: {have}. Use a smaller preset, or on an "
-                             "autoscaling cluster pass --wait-for-resources")
+        need = places[spec.run_id]
+        fits = sum(int(min(r.get("CPU", 0) // need.num_cpus if need.num_cpus else need.workers,
+                           r.get("GPU", 0) // need.num_gpus if need.num_gpus else need.workers)) for r in alive)
+        if fits < need.workers:
+            raise ValueError(f"run {spec.label()} needs {need.total}, but the cluster's nodes have: {have}. Use a "
+                             "smaller preset, fewer --workers, or on an autoscaling cluster pass --wait-for-resources")
 
 
-def run_specs(ray, todo: list[RunSpec], store: Store, counts: dict, data_root: str | None, max_retries: int,
-              run_timeout: float | None, progress: bool) -> None:
-    scratch_root = Path(tempfile.mkdtemp(prefix="quest-bench-sweep-"))  # every run's scratch lives under it
+def run_specs(ray, todo: list[RunSpec], places: dict[str, Placement], store: Store, counts: dict,
+              data_root: str | None, max_retries: int, run_timeout: float | None, progress: bool,
+              checkpoint_every: int) -> None:
     clock = ray.remote(num_cpus=0)(RunClock).remote()
     remote = ray.remote(max_calls=1)(run_in_worker)  # a fresh worker process per run (max_calls is not an option)
+    store.runs_dir.mkdir(parents=True, exist_ok=True)
     pending, timeouts = {}, {}
     for spec in todo:
-        task = get_task(spec.task)
-        res = task.resources_for(spec.preset)
-        device = "cuda" if res.num_gpus > 0 else "cpu"
-        ref = remote.options(num_cpus=res.num_cpus, num_gpus=res.num_gpus, max_retries=max_retries,
-                             name=spec.label()).remote(spec.to_json(), device, data_root, str(scratch_root), clock)
+        task, where = get_task(spec.task), places[spec.run_id]
+        # a data-parallel run's own task only drives Ray Train, whose workers hold the resources
+        cpus, gpus = (0, 0) if where.workers > 1 else (where.num_cpus, where.num_gpus)
+        ref = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, name=spec.label()).remote(
+            spec.to_json(), str(store.run_dir(spec.run_id).resolve()), where, data_root, clock, checkpoint_every,
+            max_retries)
         pending[ref] = spec
         timeouts[spec.run_id] = run_timeout or task.timeout_for(spec.preset)
     bar = tqdm(total=len(todo), desc="sweep", disable=not progress, dynamic_ncols=True)
@@ -228,34 +277,32 @@ def run_specs(ray, todo: list[RunSpec], store: Store, counts: dict, data_root: s
                     ray.cancel(ref, force=True)  # kills the worker process; cancelled tasks are not retried
                     del pending[ref]
                     reason = f"timeout: still running after {timeouts[spec.run_id]:g} s (--run-timeout)"
-                    finish(store, spec, failed_result(spec, reason), {"error.txt": (reason + "\n").encode()},
-                           counts, bar)
+                    finish(store, spec, failed_result(spec, reason), reason + "\n", counts, bar)
     finally:
         bar.close()
         for ref in pending:  # interrupted: stop what still runs (a local instance stops with the driver anyway)
             ray.cancel(ref, force=True)
-        shutil.rmtree(scratch_root, ignore_errors=True)
 
 
-def outcome(ray, ref, spec: RunSpec, max_retries: int) -> tuple[RunResult, dict[str, bytes]]:
-    """The result of a finished Ray task; Ray's own errors become failed results that keep the reason."""
+def outcome(ray, ref, spec: RunSpec, max_retries: int) -> tuple[RunResult, str | None]:
+    """The result of a finished Ray task, and the error text the driver must keep (None: the run wrote its own);
+    Ray's own errors become failed results that keep the reason."""
     try:
-        result_json, files = ray.get(ref)
-        return RunResult.from_dict(json.loads(result_json)), files
+        return RunResult.from_dict(json.loads(ray.get(ref))), None
     except ray.exceptions.RayTaskError as err:  # a Python exception outside the task's own run (import, I/O)
         cause = err.cause if isinstance(err.cause, BaseException) else None
         reason = f"{type(cause).__name__}: {cause}" if cause else str(err).splitlines()[-1]
-        return failed_result(spec, reason), {"error.txt": str(err).encode()}
+        return failed_result(spec, reason), str(err)
     except ray.exceptions.OutOfMemoryError as err:
         reason = f"out of memory: killed by Ray's memory monitor on every attempt ({max_retries} retries)"
-        return failed_result(spec, reason), {"error.txt": str(err).encode()}
+        return failed_result(spec, reason), str(err)
     except ray.exceptions.RayError as err:  # the worker process died on every attempt
         reason = f"worker died on every attempt ({max_retries} retries): {type(err).__name__}"
-        return failed_result(spec, reason), {"error.txt": str(err).encode()}
+        return failed_result(spec, reason), str(err)
 
 
-def finish(store: Store, spec: RunSpec, result: RunResult, files: dict[str, bytes], counts: dict, bar) -> None:
-    write_run(store, spec, result, files)
+def finish(store: Store, spec: RunSpec, result: RunResult, error: str | None, counts: dict, bar) -> None:
+    write_run(store, spec, result, error)
     counts[result.status] += 1
     value = result.metrics.get(result.primary_metric)
     shown = f"{result.primary_metric}={value:.4g}" if isinstance(value, (int, float)) else result.reason
@@ -266,14 +313,13 @@ def finish(store: Store, spec: RunSpec, result: RunResult, files: dict[str, byte
     bar.update(1)
 
 
-def write_run(store: Store, spec: RunSpec, result: RunResult, files: dict[str, bytes]) -> None:
+def write_run(store: Store, spec: RunSpec, result: RunResult, error: str | None) -> None:
+    """The driver's part of a run folder: ``error.txt`` for failures the run could not record itself, then
+    ``result.json`` and the index (the run wrote everything else there while it trained)."""
     folder = store.run_dir(spec.run_id)
-    shutil.rmtree(folder, ignore_errors=True)  # a re-run replaces every file of the earlier attempt (error.txt, ...)
     folder.mkdir(parents=True, exist_ok=True)
-    for name, content in files.items():
-        target = (folder / name).resolve()
-        if not target.is_relative_to(folder.resolve()):  # a worker names only files inside its run folder
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
+    if error is not None:
+        (folder / "error.txt").write_text(error if error.endswith("\n") else error + "\n")
+    elif result.status != "failed":
+        (folder / "error.txt").unlink(missing_ok=True)  # left by an earlier failed attempt
     store.write(spec, result)

@@ -14,6 +14,10 @@ from tqdm.auto import tqdm
 from quest_sdk.config import make_config
 
 
+class SimulatedCrash(Exception):
+    """Test-only: a run stopped mid-training (``RunContext(fault_crash_step=...)``), as if its process died."""
+
+
 class Diverged(Exception):
     """Raised by a task when training diverged: recorded as status="diverged", never retried."""
 
@@ -28,11 +32,13 @@ DEFAULT_TIMEOUT_S = {"tiny": 3600.0, "small": 12 * 3600.0, "paper": 7 * 24 * 360
 
 @dataclass(frozen=True)
 class Resources:
-    """What one run of a preset needs from a Ray node, and how long it may take."""
+    """What one run of a preset needs from a Ray cluster, and how long it may take. With ``workers`` > 1 the run
+    trains data-parallel on that many Ray Train workers, each with ``num_cpus`` and ``num_gpus``."""
 
-    num_cpus: float = 1
-    num_gpus: float = 0
+    num_cpus: float = 1  # per worker
+    num_gpus: float = 0  # per worker
     timeout_s: float = 0.0  # 0 = the preset's default (DEFAULT_TIMEOUT_S)
+    workers: int = 1
 
 
 @dataclass
@@ -93,7 +99,7 @@ class RunContext:
     def __init__(self, out_dir: Path, variant: str, seed: int = 0, device: str = "cpu", data_root: str | None = None,
                  progress: bool = True, max_logit: float = 1e4, fault_diverge_step: int | None = None,
                  checkpoint_every: int = 0, rank: int = 0, world_size: int = 1, checkpoints=None,
-                 run_name: str = "", fault_crash_step: int | None = None):
+                 run_name: str = "", fault_crash_step: int | None = None, fault_crash_exits: bool = False):
         from quest_sdk.checkpoint import FolderCheckpoints
 
         self.out_dir, self.variant, self.seed = Path(out_dir), variant, seed
@@ -105,7 +111,7 @@ class RunContext:
         self.checkpoints = checkpoints or FolderCheckpoints(self.out_dir, write=self.is_main)
         self.run_name = run_name or self.out_dir.name
         self.fault_diverge_step = fault_diverge_step  # test-only fault injection (see quest_bench.runner)
-        self.fault_crash_step = fault_crash_step
+        self.fault_crash_step, self.fault_crash_exits = fault_crash_step, fault_crash_exits
         self.telemetry_last: dict[str, float] = {}
         self.resumed_from_step = 0
         self._bar = self._tracker = None
@@ -158,10 +164,12 @@ class RunContext:
 
     def check(self, step: int, loss: float, telemetry: dict[str, float] | None = None) -> None:
         """Raise Diverged on a non-finite loss or exploding attention logits."""
-        if self.fault_crash_step is not None and step >= self.fault_crash_step:
-            import os
+        if self.fault_crash_step is not None and step >= self.fault_crash_step:  # test-only: dies mid-run
+            if self.fault_crash_exits:
+                import os
 
-            os._exit(17)  # test-only: the process dies mid-run (after the checkpoint of an earlier step)
+                os._exit(17)
+            raise SimulatedCrash(f"simulated crash at step {step}")
         if self.fault_diverge_step is not None and step >= self.fault_diverge_step:
             loss = math.nan
         if not math.isfinite(loss):

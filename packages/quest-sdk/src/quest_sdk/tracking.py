@@ -1,6 +1,8 @@
 """Experiment tracking through existing libraries: TensorBoard event files for every run (``<run>/tensorboard``),
-and MLflow when ``QUEST_BENCH_TRACKING=mlflow`` (MLflow's own ``MLFLOW_TRACKING_URI`` says where; a local
-``./mlruns`` folder by default, so no network is needed). Off-by-default trackers cost nothing."""
+and MLflow when ``QUEST_BENCH_TRACKING=mlflow`` (off by default). MLflow's own variables say where: a tracking
+server (``MLFLOW_TRACKING_URI=http://...``), or with no network a local store
+(``MLFLOW_TRACKING_URI=file:///path/mlruns`` plus ``MLFLOW_ALLOW_FILE_STORE=true``, which MLflow 3 requires for
+file stores). ``pip install mlflow-skinny`` (the ``quest-sdk[mlflow]`` extra) provides the client."""
 
 from __future__ import annotations
 

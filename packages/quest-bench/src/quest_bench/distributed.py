@@ -1,0 +1,102 @@
+"""One run on N data-parallel workers through Ray Train (``TorchTrainer``: DDP, gloo on CPU, NCCL on GPU).
+
+Every worker runs the same spec through ``quest_bench.runner.execute``; the shared engine (``quest_sdk.engine``)
+wraps the model in DDP and gives each worker its share of every global batch, so N workers train with the same
+global batch as one. Worker 0 writes the run folder (events.jsonl, TensorBoard, figures) and reports the result.
+Checkpoints go through Ray Train's checkpoint API into ``<run folder>/ray-train``; when a worker dies, Ray Train
+restarts the group (``FailureConfig(max_failures)``) and every worker resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from quest_bench.result import RunResult
+from quest_bench.spec import RunSpec
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class RayTrainCheckpoints:
+    """The checkpoint store of a Ray Train worker: ``save`` reports a checkpoint (written by worker 0; every worker
+    calls ``ray.train.report``, which Ray Train requires), ``load`` reads the latest one Ray Train restored."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def save(self, state: dict, step: int) -> None:
+        import ray.train
+
+        with tempfile.TemporaryDirectory() as folder:
+            checkpoint = None
+            if self.rank == 0:
+                torch.save(state, Path(folder) / CHECKPOINT_FILE)
+                checkpoint = ray.train.Checkpoint.from_directory(folder)
+            ray.train.report({"step": step}, checkpoint=checkpoint)
+
+    def load(self) -> dict | None:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+        with checkpoint.as_directory() as folder:
+            return torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+
+
+def worker_loop(config: dict) -> None:
+    """Ray Train's per-worker function: run the spec as worker ``rank`` of the group, report the result."""
+    import ray.train
+
+    from quest_bench.runner import execute
+
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    spec = RunSpec.from_json(config["spec"])
+    if config.get("threads"):
+        torch.set_num_threads(config["threads"])
+    with tempfile.TemporaryDirectory() as scratch:  # workers other than 0 write nothing that is kept
+        out_dir = Path(config["out_dir"]) if rank == 0 else Path(scratch)
+        result = execute(spec, out_dir, device=config["device"], data_root=config["data_root"],
+                         progress=config["progress"] and rank == 0, checkpoint_every=config["checkpoint_every"],
+                         rank=rank, world_size=world, checkpoints=RayTrainCheckpoints(rank))
+    ray.train.report({"result": result.to_json() if rank == 0 else ""})
+
+
+def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str = "cpu",
+                        data_root: str | None = None, progress: bool = True, checkpoint_every: int = 0,
+                        max_failures: int = 2, cpus_per_worker: float = 1, threads: int | None = None) -> RunResult:
+    """Run ``spec`` on ``workers`` Ray Train workers (Ray must be initialised); the result of worker 0."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trainer = TorchTrainer(
+        worker_loop,
+        train_loop_config={"spec": spec.to_json(), "out_dir": str(out_dir), "device": device, "data_root": data_root,
+                           "progress": progress, "checkpoint_every": checkpoint_every, "threads": threads},
+        torch_config=TorchConfig(backend="nccl" if device == "cuda" else "gloo"),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=device == "cuda",
+                                     resources_per_worker={"CPU": cpus_per_worker,
+                                                           **({"GPU": 1} if device == "cuda" else {})}),
+        run_config=RunConfig(name="ray-train", storage_path=str(out_dir),
+                             failure_config=FailureConfig(max_failures=max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             worker_runtime_env={"env_vars": _worker_env()}),
+    )
+    outcome = trainer.fit()
+    if outcome.error is not None:
+        raise outcome.error
+    return RunResult.from_dict(json.loads(outcome.metrics["result"]))
+
+
+def _worker_env() -> dict[str, str]:
+    """The fault-injection variables of the tests reach the Ray Train workers too."""
+    return {k: os.environ[k] for k in ("QUEST_BENCH_FAULTS", "QUEST_BENCH_TRACKING", "TQDM_DISABLE")
+            if k in os.environ}
