@@ -10,7 +10,7 @@ from quest_bench.runner import execute, resolve
 from quest_bench.spec import RunSpec
 from quest_lm.data import EOS, SHIPPED, UNK, BpeVocab, load_corpus, read_lines, split_path, unigram_perplexity
 from quest_lm.model import GPT
-from quest_lm.experiment import SpikeDetector, lr_factor, perplexity
+from quest_lm.experiment import SpikeDetector, perplexity, run
 from quest_lm.task import LmConfig
 
 FIXTURE = {  # three splits in the real WikiText layout (leading/trailing spaces, headings, blank lines)
@@ -143,10 +143,37 @@ def test_spike_detector_counts_excursions_after_warmup():
     assert spiky.spikes == 2 and spiky.max_rise == pytest.approx(3.0, abs=0.5)
 
 
-def test_learning_rate_schedule_warms_up_then_decays_to_the_floor():
-    cfg = LmConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1)
-    assert lr_factor(0, cfg) == pytest.approx(0.1) and lr_factor(9, cfg) == pytest.approx(1.0)
-    assert lr_factor(100, cfg) == pytest.approx(0.1) and 0.1 < lr_factor(55, cfg) < 1.0
+def test_spike_detector_state_survives_a_checkpoint():
+    detector = SpikeDetector(0.5, start_step=2)
+    for step, loss in enumerate([1.0, 1.0, 1.0, 5.0, 5.0]):  # the smoothed loss rises 0.76 nats: one spike
+        detector.update(step, loss)
+    restored = SpikeDetector(0.5, start_step=2)
+    restored.load_state_dict(detector.state_dict())
+    for d in (detector, restored):
+        d.update(5, 0.5)
+    assert vars(restored) == vars(detector) and detector.spikes == 1
+
+
+def test_an_interrupted_run_resumes_bitwise(tmp_path):
+    import torch
+
+    from quest_sdk.task import RunContext, SimulatedCrash
+
+    cfg = LmConfig(steps=10, warmup_steps=2, eval_tokens=1000, log_every=3, corruption_rates="0.1")
+
+    def attempt(folder, **faults):
+        torch.manual_seed(0)
+        ctx = RunContext(folder, "quest", 0, progress=False, checkpoint_every=4, **faults)
+        try:
+            return run(cfg, ctx).metrics, ctx.resumed_from_step
+        finally:
+            ctx.close()
+
+    straight, _ = attempt(tmp_path / "a")
+    with pytest.raises(SimulatedCrash):
+        attempt(tmp_path / "b", fault_crash_step=6)
+    resumed, step = attempt(tmp_path / "b")
+    assert step == 4 and resumed == straight
 
 
 def test_a_tiny_run_learns_and_reports_everything(tmp_path):

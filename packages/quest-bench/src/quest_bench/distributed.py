@@ -20,6 +20,7 @@ from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec
 
 CHECKPOINT_FILE = "checkpoint.pt"
+WORKER_RESULT = "worker-result.json"  # worker 0's result, handed to the caller (which writes result.json)
 
 
 class RayTrainCheckpoints:
@@ -65,7 +66,8 @@ def worker_loop(config: dict) -> None:
         result = execute(spec, out_dir, device=config["device"], data_root=config["data_root"],
                          progress=config["progress"] and rank == 0, checkpoint_every=config["checkpoint_every"],
                          rank=rank, world_size=world, checkpoints=RayTrainCheckpoints(rank))
-    ray.train.report({"result": result.to_json() if rank == 0 else ""})
+    if rank == 0:
+        (out_dir / WORKER_RESULT).write_text(result.to_json())
 
 
 def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str = "cpu",
@@ -90,10 +92,14 @@ def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str 
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              worker_runtime_env={"env_vars": _worker_env()}),
     )
+    (out_dir / WORKER_RESULT).unlink(missing_ok=True)
     outcome = trainer.fit()
     if outcome.error is not None:
         raise outcome.error
-    return RunResult.from_dict(json.loads(outcome.metrics["result"]))
+    handed = out_dir / WORKER_RESULT
+    result = RunResult.from_dict(json.loads(handed.read_text()))
+    handed.unlink()
+    return result
 
 
 def _worker_env() -> dict[str, str]:

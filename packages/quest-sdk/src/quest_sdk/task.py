@@ -167,7 +167,10 @@ class RunContext:
         if self.fault_crash_step is not None and step >= self.fault_crash_step:  # test-only: dies mid-run
             if self.fault_crash_exits:
                 import os
+                import time
 
+                if self.world_size > 1:  # let Ray Train's controller collect the last reported checkpoint (it
+                    time.sleep(5)        # polls the workers every few seconds) before the worker dies
                 os._exit(17)
             raise SimulatedCrash(f"simulated crash at step {step}")
         if self.fault_diverge_step is not None and step >= self.fault_diverge_step:

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 
 import torch
 
+from quest_sdk.engine import Trainer, TrainSpec
 from quest_sdk.task import TaskOutput
-from quest_sdk.engine import decay_groups, warmup_cosine
-from quest_core import Telemetry, summarize
 from quest_lm.data import Corpus, load_corpus
 from quest_lm.model import GPT
 from quest_lm.task import LmConfig
@@ -23,7 +21,7 @@ def run(cfg: LmConfig, ctx) -> TaskOutput:
     cutoffs = tuple(int(c) for c in cfg.adaptive_cutoffs.split(",") if c.strip())
     model = GPT(len(corpus.vocab), ctx.variant, cfg.context, cfg.dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio,
                 cfg.dropout, cutoffs, cfg.adaptive_div).to(device)
-    spikes, max_rise = train(model, cfg, corpus.ids["train"], ctx, device)
+    spikes, max_rise = train(model, cfg, corpus.ids["train"], ctx)
 
     metrics = {"loss_spikes": float(spikes), "max_loss_rise": max_rise}
     for split in ("valid", "test"):
@@ -39,11 +37,6 @@ def run(cfg: LmConfig, ctx) -> TaskOutput:
     metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": corpus.name, "revision": f"sha256:{corpus.digest}"},
                       samples_seen=cfg.steps * cfg.batch_size)
-
-
-def lr_factor(step: int, cfg: LmConfig) -> float:
-    """Linear warm-up to 1, then cosine decay to ``min_lr_ratio``."""
-    return warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 class SpikeDetector:
@@ -70,39 +63,35 @@ class SpikeDetector:
         elif rise < self.threshold / 2:
             self.armed = True
 
+    def state_dict(self) -> dict:  # checkpointed with the run (quest_sdk.engine.Watcher)
+        return {"ema": self.ema, "best": self.best, "spikes": self.spikes, "max_rise": self.max_rise,
+                "armed": self.armed}
 
-def train(model: GPT, cfg: LmConfig, train_ids: torch.Tensor, ctx, device: torch.device) -> tuple[int, float]:
-    """AdamW on random windows of the training stream; returns (loss spikes, largest loss rise in nats)."""
-    gen = torch.Generator().manual_seed(ctx.seed)
-    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
-                                  fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-    telemetry = Telemetry(model, max_queries=64)
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def train(model: GPT, cfg: LmConfig, train_ids: torch.Tensor, ctx) -> tuple[int, float]:
+    """The shared engine on random windows of the training stream (each step's window starts drawn from the step's
+    generator, shared by all workers, each training on its rows); returns (loss spikes, largest loss rise in nats)."""
     spikes = SpikeDetector(cfg.spike_threshold, start_step=cfg.warmup_steps)
-    model.train()
-    with ctx.bar(cfg.steps, "lm") as bar:
-        for step in range(1, cfg.steps + 1):
-            starts = torch.randint(0, len(train_ids) - cfg.context - 1, (cfg.batch_size,), generator=gen)
-            window = torch.stack([train_ids[s: s + cfg.context + 1] for s in starts.tolist()]).to(device)
-            logging = step % cfg.log_every == 0 or step in (1, cfg.steps)
-            with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
-                loss = model.token_nll(window[:, :-1], window[:, 1:]).mean()
-                per_layer = telemetry.snapshot() if logging else {}
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
-            optimizer.step()
-            scheduler.step()
-            stats = summarize(per_layer) if logging else None
-            ctx.check(step, loss.item(), stats)
-            spikes.update(step, loss.item())
-            if logging:
-                layers = {f"{name}/{k}": v[k] for name, v in per_layer.items() for k in ("max_logit", "entropy_mean")}
-                ctx.log(step, {"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"],
-                               "grad_norm": float(grad_norm), **stats, **layers})
-                bar.set_postfix(loss=f"{loss.item():.2f}", refresh=False)
-            bar.update(1)
-    model.eval()
+    trainer = Trainer(model, ctx, TrainSpec(steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio,
+                                            betas=(0.9, 0.95), grad_clip=cfg.grad_clip, amp=cfg.amp,
+                                            log_every=cfg.log_every), "lm", watchers={"spikes": spikes})
+    rows = trainer.shard(cfg.batch_size)
+
+    def windows(start: int):
+        for step in range(start, cfg.steps):
+            starts = torch.randint(0, len(train_ids) - cfg.context - 1, (cfg.batch_size,), generator=trainer.rng(step))
+            yield torch.stack([train_ids[s: s + cfg.context + 1] for s in starts[rows].tolist()])
+
+    def loss_fn(net, window, rng):
+        window = window.to(trainer.device)
+        return net(window[:, :-1], window[:, 1:]).mean()
+
+    trainer.fit(windows, loss_fn)
     return spikes.spikes, spikes.max_rise
 
 

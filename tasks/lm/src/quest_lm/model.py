@@ -64,7 +64,14 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx_bl: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_bl: torch.Tensor, target_bl: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states (B, L, dim); with ``target_bl``, the (B, L) next-token NLL (``token_nll``), so that a
+        training step runs through ``forward`` (which a DistributedDataParallel wrapper synchronises)."""
+        if target_bl is not None:
+            return self.token_nll(idx_bl, target_bl)
+        return self.hidden(idx_bl)
+
+    def hidden(self, idx_bl: torch.Tensor) -> torch.Tensor:
         if idx_bl.shape[1] > self.context:
             raise ValueError(f"sequence length {idx_bl.shape[1]} exceeds the model's context {self.context}")
         pos_l = torch.arange(idx_bl.shape[1], device=idx_bl.device)
@@ -75,14 +82,14 @@ class GPT(nn.Module):
 
     def logits(self, idx_bl: torch.Tensor) -> torch.Tensor:
         """(B, L, V) next-token log-probabilities (tied softmax) or adaptive-softmax log-probabilities."""
-        h_bld = self(idx_bl)
+        h_bld = self.hidden(idx_bl)
         if self.adaptive is not None:
             return self.adaptive.log_prob(h_bld.flatten(0, 1)).unflatten(0, h_bld.shape[:2])
         return F.log_softmax(h_bld @ self.tok_emb.weight.T, dim=-1)
 
     def token_nll(self, idx_bl: torch.Tensor, target_bl: torch.Tensor) -> torch.Tensor:
         """(B, L) negative log-likelihood of each target token, in nats."""
-        h_bld = self(idx_bl)
+        h_bld = self.hidden(idx_bl)
         if self.adaptive is not None:
             return -self.adaptive(h_bld.flatten(0, 1), target_bl.flatten()).output.view_as(target_bl)
         logits_blv = h_bld @ self.tok_emb.weight.T

@@ -49,7 +49,7 @@ class LmConfig:
 
 class LmTask(Task):
     name = "lm"
-    version = "2"  # 2: unigram baseline on the evaluated slice; BPE ids by frequency; decay helper shared
+    version = "3"  # 3: the shared engine (quest_sdk.engine): per-step window generators; 2: unigram baseline on the evaluated slice
     primary_metric = "test_ppl"
     higher_is_better = False
     leaderboard_metrics = {"valid_ppl": False, "corrupted_ppl": False, "loss_spikes": False}
