@@ -14,16 +14,16 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from quest_sdk.data import CACHE, require_data_root
+
 SHIPPED = Path(__file__).parent / "data" / "kicad15.npz"
 DATASETS = ("kicad", "modelnet10", "modelnet40", "scanobjectnn")
-CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench"))
 
 
 @dataclass
@@ -47,11 +47,10 @@ def load(dataset: str, data_root: str | None, num_points: int = 1024, scanobject
         raise ValueError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)}")
     if dataset == "kicad":
         return load_kicad()
-    if not data_root:
-        raise ValueError(f"dataset {dataset!r} is read from --data-root; none given")
+    root = require_data_root(data_root, dataset)
     if dataset.startswith("modelnet"):
-        return load_modelnet(Path(data_root), dataset[len("modelnet"):], num_points)
-    return load_scanobjectnn(Path(data_root), scanobjectnn_split)
+        return load_modelnet(root, dataset[len("modelnet"):], num_points)
+    return load_scanobjectnn(root, scanobjectnn_split)
 
 
 def load_kicad(path: Path = SHIPPED) -> PointClouds:

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.nn.functional as F
 
+from quest_sdk.engine import Trainer, TrainSpec
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
-from quest_sdk.engine import adamw_warmup_cosine, report_step
-from quest_core import Telemetry
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_points.data import load
 from quest_points.model import build_model
@@ -24,7 +21,7 @@ def run(cfg: PointsConfig, ctx) -> TaskOutput:
     data = load(cfg.dataset, ctx.data_root, cfg.sample_points, cfg.scanobjectnn_split)
     points = cfg.global_points if cfg.model == "global" else cfg.local_points
     model = make_model(cfg, len(data.classes), ctx.variant).to(device)
-    steps = train(model, cfg, points, data.train_x, data.train_y, ctx, device)
+    steps = train(model, cfg, points, data.train_x, data.train_y, ctx)
 
     test_x = subsample(data.test_x, points, torch.Generator().manual_seed(10_000 + ctx.seed))
     pred = predict(model, test_x, device)
@@ -72,38 +69,25 @@ def augment(x_bp3: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return x_bp3 * scale + shift
 
 
-def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tensor, ctx, device) -> int:
-    """AdamW with warm-up + cosine, label smoothing, scale/shift augmentation; returns the number of steps."""
-    gen = torch.Generator().manual_seed(ctx.seed)
+def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tensor, ctx) -> int:
+    """The shared engine: shuffled epochs, a random subset of ``points`` points per cloud and scale/shift
+    augmentation (from the step's generator), label smoothing; returns the number of steps."""
     per_epoch = len(x) // cfg.batch_size
     if per_epoch == 0:
         raise ValueError(f"{len(x)} training clouds is fewer than one batch of {cfg.batch_size}")
     steps = cfg.epochs * per_epoch
-    optimizer, scheduler = adamw_warmup_cosine(model, cfg.lr, cfg.weight_decay, steps,
-                                               int(cfg.warmup_epochs * per_epoch))
-    telemetry = Telemetry(model, max_queries=64)
-    step = 0
-    model.train()
-    with ctx.bar(steps, f"points/{cfg.model}") as bar:
-        for _ in range(cfg.epochs):
-            order = torch.randperm(len(x), generator=gen)
-            for i in range(per_epoch):
-                idx = order[i * cfg.batch_size: (i + 1) * cfg.batch_size]
-                clouds = subsample(x[idx], points, gen)
-                if cfg.augment:
-                    clouds = augment(clouds, gen)
-                pos, batch = as_graph(clouds, device)
-                logging = step % cfg.log_every == 0 or step == steps - 1
-                with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
-                    loss = F.cross_entropy(model(pos, batch), y[idx].to(device), label_smoothing=cfg.label_smoothing)
-                    per_layer = telemetry.snapshot() if logging else {}
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"])
-    model.eval()
+    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            warmup_steps=int(cfg.warmup_epochs * per_epoch), amp=cfg.amp,
+                                            log_every=cfg.log_every), f"points/{cfg.model}")
+
+    def loss_fn(net, idx, rng):
+        clouds = subsample(x[idx], points, rng)
+        if cfg.augment:
+            clouds = augment(clouds, rng)
+        pos, batch = as_graph(clouds, trainer.device)
+        return F.cross_entropy(net(pos, batch), y[idx].to(trainer.device), label_smoothing=cfg.label_smoothing)
+
+    trainer.fit(trainer.epoch_batches(len(x), cfg.batch_size).from_step, loss_fn)
     return steps
 
 

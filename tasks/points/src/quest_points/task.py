@@ -52,7 +52,7 @@ class PointsConfig:
 
 class PointsTask(Task):
     name = "points"
-    version = "1"
+    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step sampling and augmentation generators
     primary_metric = "test_acc"
     higher_is_better = True
     leaderboard_metrics = {"mean_class_acc": True, "corrupted_acc": True}

@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
+from quest_sdk.engine import Trainer, TrainSpec
 from quest_sdk.task import TaskOutput
-from quest_core import Telemetry, summarize
 from quest_spurious.model import ProbeModel
 from quest_spurious.task import SpuriousConfig
 
@@ -18,31 +16,29 @@ def run(cfg: SpuriousConfig, ctx) -> TaskOutput:
     torch.set_num_threads(1)
     device = torch.device(ctx.device)
     data = cfg.data()
-    train_gen = torch.Generator().manual_seed(ctx.seed)
     model = ProbeModel(ctx.variant, cfg.key_dim, cfg.num_values, cfg.head_dim, cfg.hidden, cfg.query_init_norm)
     model = model.to(device)
-    optimizer = make_optimizer(model, cfg)
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, cosine decay
-        optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))
-    )
     eval_gen = torch.Generator().manual_seed(EVAL_SEED)
     unbiased = [t.to(device) for t in data.sample(cfg.eval_samples, eval_gen, biased=False)]
     biased = [t.to(device) for t in data.sample(cfg.eval_samples, eval_gen, biased=True)]
     probe = [t[:256] for t in biased]  # fixed biased batch for the key-norm curve
 
-    with Telemetry(model, max_queries=None) as tel, ctx.bar(cfg.steps, "spurious") as bar:
-        for step in range(cfg.steps):
-            x_k, x_v, label, _, _ = (t.to(device) for t in data.sample(cfg.batch_size, train_gen))
-            loss = F.cross_entropy(model(x_k, x_v), label)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            stats = summarize(tel.snapshot())
-            ctx.check(step, loss.item(), stats)
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                ctx.log(step, {"loss": loss.item(), **answer_key_norms(model, probe), **stats})
-            bar.update(1)
+    trainer = Trainer(model, ctx, TrainSpec(steps=cfg.steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            warmup_steps=min(cfg.warmup_steps, cfg.steps), min_lr_ratio=0.0,
+                                            log_every=cfg.log_every, telemetry_queries=None),
+                      "spurious", param_groups=param_groups(model, cfg),
+                      log_extra=lambda: answer_key_norms(model, probe))
+    rows = trainer.shard(cfg.batch_size)
+
+    def batches(start: int):  # a fresh sample every step, drawn from the step's generator
+        for step in range(start, cfg.steps):
+            yield [t[rows] for t in data.sample(cfg.batch_size, trainer.rng(step))]
+
+    def loss_fn(net, batch, rng):
+        x_k, x_v, label = (t.to(device) for t in batch[:3])
+        return F.cross_entropy(net(x_k, x_v), label)
+
+    trainer.fit(batches, loss_fn)
     tel_final = ctx.telemetry_last
 
     unbiased_acc = accuracy(model, unbiased)
@@ -68,14 +64,14 @@ def run(cfg: SpuriousConfig, ctx) -> TaskOutput:
 EVAL_SEED = 12345  # one held-out set for every run, so runs are compared on the same samples
 
 
-def make_optimizer(model: ProbeModel, cfg: SpuriousConfig) -> torch.optim.Optimizer:
-    """AdamW; the query and the qknorm scales decay only if ``decay_query_and_scales`` (a choice the paper leaves open)."""
+def param_groups(model: ProbeModel, cfg: SpuriousConfig) -> list[dict]:
+    """AdamW groups; the query and the qknorm scales decay only if ``decay_query_and_scales`` (a choice the paper
+    leaves open)."""
     special = {id(model.query), *(id(p) for p in model.kernel.parameters())}
     decay = [p for p in model.parameters() if id(p) not in special]
     other = [p for p in model.parameters() if id(p) in special]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": other, "weight_decay": cfg.weight_decay if cfg.decay_query_and_scales else 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr)
+    return [{"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": other, "weight_decay": cfg.weight_decay if cfg.decay_query_and_scales else 0.0}]
 
 
 @torch.no_grad()

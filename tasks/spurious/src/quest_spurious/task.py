@@ -53,7 +53,7 @@ class SpuriousConfig:
 
 class SpuriousTask(Task):
     name = "spurious"
-    version = "2"
+    version = "3"  # 3: the shared engine (quest_sdk.engine): linear warm-up then cosine to 0, per-step sample generators
     primary_metric = "robust_success"
     higher_is_better = True
     leaderboard_metrics = {"robust_fraction": True, "unbiased_acc": True, "biased_acc": True}
