@@ -3,8 +3,9 @@ the real Speech Commands v2 and LibriSpeech folders (``--data-root``).
 
 - Keywords: 30 of Speech Commands v2's 35 words, each spoken by espeak-ng (``quest_speech.synth``) in many voices,
   accents, rates and pitches, with 0–0.2 s of silence on either side.
-- Sentences: 4–12-word sentences of real English Wikipedia text (the WikiText-mini shipped with ``quest_lm``;
-  training sentences from its train split, test sentences from its test split), read by espeak-ng.
+- Sentences: 4–12-word sentences of real English Wikipedia text (shipped in ``quest_speech/data``, extracted from
+  the WikiText-mini of the ``lm`` task: training sentences from its train split, test sentences from its test
+  split), read by espeak-ng.
 - Split by voice: the voice variants are grouped into families (``klatt``, ``klatt2``, ... -> ``klatt``) and every
   family is either train-only or test-only (a stable hash; about one family in five is held out). A random split
   would put the same synthetic voice on both sides and measure nothing.
@@ -30,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from quest_sdk.data import CACHE as SDK_CACHE
 from quest_speech.synth import ACCENTS, SAMPLE_RATE, espeak_version, read_audio, synthesize, voice_variants
 
-CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench")) / "speech"
+CACHE = SDK_CACHE / "speech"
 SHIPPED = Path(__file__).parent / "data"
 WORDS = ("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go",
          "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
@@ -119,7 +121,7 @@ def keywords(split: str, per_word: int, seed: int = 0) -> Utterances:
 
 def wiki_sentences(split: str) -> list[str]:
     """Sentences of 4-12 words of WikiText-mini made only of letters and apostrophes, lower-cased (shipped in
-    ``data/wiki_sentences.<split>.txt.xz``; extracted from the WikiText-103 articles that ``quest_lm`` ships, see
+    ``data/wiki_sentences.<split>.txt.xz``; extracted from the WikiText-mini of the ``lm`` task, see
     data/README.md)."""
     name = {"train": "wiki_sentences.train.txt.xz", "test": "wiki_sentences.test.txt.xz"}[split]
     return lzma.decompress((resources.files("quest_speech") / "data" / name).read_bytes()).decode().splitlines()

@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.nn.functional as F
 import torchaudio.functional as AF
 
+from quest_sdk.data import require_data_root
+from quest_sdk.engine import Trainer, TrainSpec
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
-from quest_sdk.engine import decay_groups, report_step, warmup_cosine
-from quest_core import Telemetry
 from quest_speech import data as D
 from quest_speech.model import CtcModel, KeywordModel, SpeechEncoder, greedy_ctc
 from quest_speech.perturb import PERTURBATIONS, perturb
@@ -25,17 +23,17 @@ def run_speech_commands(cfg: KeywordConfig, ctx) -> TaskOutput:
     if cfg.dataset == "synth":
         train_set, test_set = D.keywords("train", cfg.train_per_word), D.keywords("test", cfg.test_per_word)
     elif cfg.dataset == "speechcommands":
-        root = _need_root(ctx, cfg.dataset)
+        root = str(require_data_root(ctx.data_root, cfg.dataset))
         train_set = D.speech_commands(root, "training", cfg.limit)
         test_set = D.speech_commands(root, "testing", cfg.limit)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: synth, speechcommands")
     model = KeywordModel(_encoder(cfg, ctx.variant), cfg.dim, len(D.WORDS)).to(device)
 
-    def loss_fn(wave, lengths, targets):
-        return F.cross_entropy(model(wave, lengths), torch.as_tensor(targets, device=device))
+    def loss_fn(net, wave, lengths, targets):
+        return F.cross_entropy(net(wave, lengths), torch.as_tensor(targets, device=device))
 
-    steps = train(model, loss_fn, train_set, cfg, ctx, device)
+    steps = train(model, loss_fn, train_set, cfg, ctx)
     metrics = {"test_acc": keyword_accuracy(model, test_set, device),
                "real_digits_acc": keyword_accuracy(model, D.asterisk_digits(), device)}
     if cfg.perturb_samples:
@@ -51,20 +49,20 @@ def run_asr(cfg: AsrConfig, ctx) -> TaskOutput:
     if cfg.dataset == "synth":
         train_set, test_set = D.sentences("train", cfg.train_sentences), D.sentences("test", cfg.test_sentences)
     elif cfg.dataset == "librispeech":
-        root = _need_root(ctx, cfg.dataset)
+        root = str(require_data_root(ctx.data_root, cfg.dataset))
         train_set = D.librispeech(root, cfg.train_split, cfg.limit)
         test_set = D.librispeech(root, cfg.test_split, cfg.limit)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: synth, librispeech")
     model = CtcModel(_encoder(cfg, ctx.variant), cfg.dim, len(D.CHARS)).to(device)
 
-    def loss_fn(wave, lengths, texts):
-        log_probs_btv, n_b = model(wave, lengths)
+    def loss_fn(net, wave, lengths, texts):
+        log_probs_btv, n_b = net(wave, lengths)
         targets = [D.encode_text(t) for t in texts]
         return F.ctc_loss(log_probs_btv.transpose(0, 1), torch.cat(targets).to(device), n_b,
                           torch.tensor([len(t) for t in targets], device=device), zero_infinity=True)
 
-    steps = train(model, loss_fn, train_set, cfg, ctx, device)
+    steps = train(model, loss_fn, train_set, cfg, ctx)
     cer, wer = error_rates(model, test_set, device)
     real_cer, real_wer = error_rates(model, D.librivox(), device)
     metrics = {"test_cer": cer, "test_wer": wer, "real_cer": real_cer, "real_wer": real_wer}
@@ -74,12 +72,6 @@ def run_asr(cfg: AsrConfig, ctx) -> TaskOutput:
     metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": _revision(cfg, train_set)},
                       samples_seen=steps * cfg.batch_size)
-
-
-def _need_root(ctx, dataset: str) -> str:
-    if not ctx.data_root:
-        raise ValueError(f"dataset {dataset!r} is read from --data-root; none given")
-    return ctx.data_root
 
 
 def _encoder(cfg: SpeechConfig, variant: str) -> SpeechEncoder:
@@ -101,39 +93,24 @@ def pad_batch(audio: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Te
     return torch.nn.utils.rnn.pad_sequence(audio, batch_first=True).to(device), lengths.to(device)
 
 
-def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx, device) -> int:
-    """AdamW (quest_sdk.engine.decay_groups) with warm-up + cosine, gradient clipping; returns the steps run."""
-    gen = torch.Generator().manual_seed(ctx.seed)
+def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx) -> int:
+    """The shared engine over shuffled epochs, with gradient clipping and the optional narrow-band augmentation
+    (from the step's generator); ``loss_fn(model, wave, lengths, targets)``. Returns the steps run."""
     per_epoch = len(train_set) // cfg.batch_size
     if per_epoch == 0:
         raise ValueError(f"{len(train_set)} training utterances is fewer than one batch of {cfg.batch_size}")
     steps = cfg.epochs * per_epoch
-    optimizer = torch.optim.AdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine(s, steps, max(1, int(cfg.warmup_frac * steps))))
-    telemetry = Telemetry(model, max_queries=64)
-    step = 0
-    model.train()
-    with ctx.bar(steps, "speech") as bar:
-        for _ in range(cfg.epochs):
-            order = torch.randperm(len(train_set), generator=gen).tolist()
-            for i in range(per_epoch):
-                idx = order[i * cfg.batch_size: (i + 1) * cfg.batch_size]
-                wave, lengths = pad_batch([train_set.audio[j] for j in idx], device)
-                if cfg.narrowband:
-                    wave = band_limit(wave, torch.rand(len(idx), generator=gen) < cfg.narrowband)
-                logging = step % cfg.log_every == 0 or step == steps - 1
-                with telemetry if logging else nullcontext():
-                    loss = loss_fn(wave, lengths, [train_set.targets[j] for j in idx])
-                    per_layer = telemetry.snapshot() if logging else {}
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"])
-    model.eval()
+    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            warmup_steps=max(1, int(cfg.warmup_frac * steps)),
+                                            grad_clip=cfg.grad_clip, log_every=cfg.log_every), "speech")
+
+    def step_loss(net, idx, rng):
+        wave, lengths = pad_batch([train_set.audio[j] for j in idx], trainer.device)
+        if cfg.narrowband:
+            wave = band_limit(wave, torch.rand(len(idx), generator=rng) < cfg.narrowband)
+        return loss_fn(net, wave, lengths, [train_set.targets[j] for j in idx])
+
+    trainer.fit(trainer.epoch_batches(len(train_set), cfg.batch_size).from_step, step_loss)
     return steps
 
 

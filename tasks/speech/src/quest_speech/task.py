@@ -72,7 +72,7 @@ class AsrConfig(SpeechConfig):
 
 class SpeechCommandsTask(Task):
     name = "speech-commands"
-    version = "1"
+    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step shuffles and augmentation generators
     primary_metric = "test_acc"
     higher_is_better = True
     leaderboard_metrics = {"corrupted_acc": True, "real_digits_acc": True}
@@ -95,7 +95,7 @@ class SpeechCommandsTask(Task):
 
 class AsrTask(Task):
     name = "asr"
-    version = "1"
+    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step shuffles and augmentation generators
     primary_metric = "test_cer"
     higher_is_better = False
     leaderboard_metrics = {"test_wer": False, "real_cer": False, "corrupted_char_acc": True}
