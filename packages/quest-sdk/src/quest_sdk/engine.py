@@ -180,7 +180,7 @@ class Trainer:
             layers = {f"{name}/{k}": v[k] for name, v in per_layer.items() for k in ("max_logit", "entropy_mean")}
             extra = self.log_extra() if self.log_extra else {}
             self.ctx.log(self.step, {"loss": loss, "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
-                                     **{k: float(v) for k, v in terms.items()}, **extra, **stats, **layers})
+                                     **{k: float(v.detach()) for k, v in terms.items()}, **extra, **stats, **layers})
 
     # -- checkpoints --------------------------------------------------------------------------------------------
 

@@ -14,8 +14,6 @@ both read through the official devkit.
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,8 @@ import numpy as np
 from pyquaternion import Quaternion
 from tqdm.auto import tqdm
 
-CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench"))
+from quest_sdk.data import CACHE, build_once
+
 SIM_VERSION = 1  # bump when the simulator or the writer changes (part of the cache folder name)
 SIM_CLASSES = ("car", "truck", "pedestrian", "bicycle", "traffic_cone", "barrier")
 SPLITS = {"v1.0-mini": ("mini_train", "mini_val"), "v1.0-trainval": ("train", "val")}
@@ -57,13 +56,8 @@ def simulated_root(samples_per_scene: int, between: int = 1, seed: int = 0, cach
 
     if samples_per_scene < 2:
         raise ValueError(f"a simulated scene needs at least 2 key frames (velocities), got {samples_per_scene}")
-    root = (cache or CACHE) / "det3d" / f"sim-v{SIM_VERSION}-{samples_per_scene}x{between}-seed{seed}"
-    if (root / "v1.0-mini" / "scene.json").exists():
-        return root
-    build = root.with_name(f"{root.name}.{os.getpid()}.tmp")
-    shutil.rmtree(build, ignore_errors=True)
-    try:
-        writer = NuScenesWriter(build, "v1.0-mini")
+    def build(folder: Path) -> None:
+        writer = NuScenesWriter(folder, "v1.0-mini")
         splits = create_splits_scenes()
         names = [*splits["mini_train"], *splits["mini_val"]]
         for i, name in enumerate(tqdm(names, desc="det3d: simulating scenes", leave=False)):
@@ -72,14 +66,9 @@ def simulated_root(samples_per_scene: int, between: int = 1, seed: int = 0, cach
             writer.add_scene(name, scene, samples_per_scene, between, origin_xy=rng.uniform(200, 1800, 2),
                              heading=rng.uniform(-np.pi, np.pi), rng=rng, start_us=1_533_000_000_000_000 + i * 10**9)
         writer.finish()
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
-    try:
-        build.rename(root)  # atomic; fails if another run got there first (same content)
-    except OSError:
-        shutil.rmtree(build, ignore_errors=True)
-    return root
+
+    root = (cache or CACHE) / "det3d" / f"sim-v{SIM_VERSION}-{samples_per_scene}x{between}-seed{seed}"
+    return build_once(root, build, done="v1.0-mini/scene.json")
 
 
 def nuscenes_root(data_root: str | Path, version: str, sweeps: int = 1) -> Path:

@@ -7,16 +7,14 @@ import dataclasses
 import functools
 import math
 import tempfile
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from quest_sdk.engine import Trainer, TrainSpec
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
-from quest_sdk.engine import adamw_warmup_cosine, report_step
-from quest_core import Telemetry
 from quest_det3d import data as D
 from quest_det3d.boxes import decode, encode, focal_loss, regression_loss
 from quest_det3d.corruptions import CORRUPTIONS, SEVERITIES, corrupt
@@ -53,7 +51,7 @@ def run(cfg: Det3dConfig, ctx) -> TaskOutput:
 
     model = Detector(len(classes), ctx.variant, cfg.sweeps, cfg.extent, cfg.pillar, cfg.pillar_width, cfg.width,
                      cfg.dim, cfg.depth, cfg.num_heads).to(device)
-    steps = train(model, cfg, train_set, len(classes), ctx, device)
+    steps = train(model, cfg, train_set, len(classes), ctx)
 
     # The devkit measures range from the ego origin, the grid is centred on the LiDAR (0.94 m ahead on nuScenes).
     eval_cfg = detection_config(classes, cfg.extent - math.hypot(*val_set[0].lidar_to_ego["translation"][:2]))
@@ -115,12 +113,13 @@ def as_tensors(samples: list[D.Sample]) -> list[tuple[torch.Tensor, torch.Tensor
     return [(torch.from_numpy(s.points), torch.from_numpy(s.boxes), torch.from_numpy(s.labels)) for s in samples]
 
 
-def batches(samples: list[D.Sample], cfg: "Det3dConfig", gen: torch.Generator | None):
-    """Batches (lists) of (points, boxes, labels) tensors, shuffled with ``gen`` (None: in order, all samples);
-    ``cfg.workers`` processes read the clouds."""
-    sampler = torch.utils.data.RandomSampler(samples, generator=gen) if gen is not None else None
-    return torch.utils.data.DataLoader(samples, batch_size=cfg.batch_size, sampler=sampler, drop_last=gen is not None,
-                                       num_workers=cfg.workers, collate_fn=as_tensors)
+def batches(samples: list[D.Sample], cfg: "Det3dConfig", batch_sampler=None):
+    """Batches (lists) of (points, boxes, labels) tensors: of ``batch_sampler``'s index lists, or in order over all
+    samples; ``cfg.workers`` processes read the clouds. A fixed generator: the loader never draws from the global
+    random state (which a checkpoint restores)."""
+    order = dict(batch_sampler=batch_sampler) if batch_sampler is not None else dict(batch_size=cfg.batch_size)
+    return torch.utils.data.DataLoader(samples, num_workers=cfg.workers, collate_fn=as_tensors,
+                                       generator=torch.Generator().manual_seed(0), **order)
 
 
 def augment(points: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,41 +145,28 @@ def augment(points: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> 
     return points, boxes
 
 
-def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classes: int, ctx, device) -> int:
-    """AdamW with warm-up + cosine, CenterPoint losses (focal heatmap + 0.25 x weighted L1 code); returns the steps."""
-    gen = torch.Generator().manual_seed(ctx.seed)  # the sample order
-    augment_gen = torch.Generator().manual_seed(ctx.seed + 1)  # apart, so the DataLoader's prefetching cannot shift it
+def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classes: int, ctx) -> int:
+    """The shared engine with gradient clipping, shuffled epochs, flip/rotate/scale augmentation from the step's
+    generator, CenterPoint losses (focal heatmap + 0.25 x weighted L1 code); returns the steps."""
     per_epoch = len(samples) // cfg.batch_size
     if per_epoch == 0:
         raise ValueError(f"{len(samples)} training samples is fewer than one batch of {cfg.batch_size}")
     steps = cfg.epochs * per_epoch
-    optimizer, scheduler = adamw_warmup_cosine(model, cfg.lr, cfg.weight_decay, steps,
-                                               int(cfg.warmup_epochs * per_epoch))
-    telemetry = Telemetry(model, max_queries=64)
-    step = 0
-    model.train()
-    with ctx.bar(steps, "det3d") as bar:
-        for _ in range(cfg.epochs):
-            for batch in batches(samples, cfg, gen):
-                if cfg.augment:
-                    batch = [(*augment(points, boxes, augment_gen), labels) for points, boxes, labels in batch]
-                targets = encode([b for _, b, _ in batch], [lab for _, _, lab in batch], num_classes,
-                                 model.grid).to(device)
-                logging = step % cfg.log_every == 0 or step == steps - 1
-                with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
-                    heat, code = model([p.to(device) for p, _, _ in batch])
-                    heat_loss, code_loss = focal_loss(heat, targets.heatmap), regression_loss(code, targets, cfg.velocity_weight)
-                    loss = heat_loss + 0.25 * code_loss
-                    per_layer = telemetry.snapshot() if logging else {}
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                step += 1
-                report_step(ctx, bar, step, loss.item(), per_layer, optimizer.param_groups[0]["lr"],
-                            {"heatmap_loss": heat_loss.item(), "code_loss": code_loss.item()} if logging else None)
-    model.eval()
+    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            warmup_steps=int(cfg.warmup_epochs * per_epoch), grad_clip=cfg.grad_clip,
+                                            amp=cfg.amp, log_every=cfg.log_every), "det3d")
+    sampler = trainer.epoch_batches(len(samples), cfg.batch_size)
+
+    def loss_fn(net, batch, rng):
+        if cfg.augment:
+            batch = [(*augment(points, boxes, rng), labels) for points, boxes, labels in batch]
+        targets = encode([b for _, b, _ in batch], [lab for _, _, lab in batch], num_classes,
+                         model.grid).to(trainer.device)
+        heat, code = net([p.to(trainer.device) for p, _, _ in batch])
+        heat_loss, code_loss = focal_loss(heat, targets.heatmap), regression_loss(code, targets, cfg.velocity_weight)
+        return heat_loss + 0.25 * code_loss, {"heatmap_loss": heat_loss, "code_loss": code_loss}
+
+    trainer.fit(lambda start: batches(samples, cfg, sampler.from_step(start)), loss_fn)
     return steps
 
 
@@ -189,7 +175,7 @@ def predict(model: Detector, samples: list[D.Sample], cfg: Det3dConfig, device) 
     """Per sample, the top-k detections (LiDAR-frame rows (k, 9), scores, labels)."""
     model.eval()
     out = []
-    for batch in batches(samples, cfg, None):
+    for batch in batches(samples, cfg):
         with torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
             heat, code = model([p.to(device) for p, _, _ in batch])
         out += decode(heat, code, model.grid, cfg.top_k)

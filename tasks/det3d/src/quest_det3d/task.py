@@ -54,7 +54,7 @@ class Det3dConfig:
 
 class Det3dTask(Task):
     name = "det3d"
-    version = "1"
+    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step shuffles and augmentation generators
     primary_metric = "NDS"
     higher_is_better = True
     leaderboard_metrics = {"mAP": True, "corrupted_nds": True}
