@@ -126,7 +126,7 @@ def trained(tmp_path_factory):
     train_set, test_set, _ = D.load_digits()
     vit = build_vit("quest", 28, 7, 1, 10, cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio)
     model = Classifier(vit, *D.MEAN_STD["digits"])
-    train(model, cfg, train_set, ctx, torch.device("cpu"))
+    train(model, cfg, train_set, ctx)
     ctx.close()
     return model, materialise(test_set), ctx
 
@@ -184,3 +184,26 @@ def test_autoattack_runs_and_is_at_least_as_strong_as_pgd(trained):
     adv = adversarial_accuracy(model, x[:4], y[:4], 10, eps=8 / 255, pgd_steps=10, pgd_step_size=2 / 255,
                                autoattack=True, device="cpu", batch_size=4)  # 4 images: AutoAttack is slow
     assert adv["autoattack_acc"] <= adv["pgd_acc"]
+
+
+def test_an_interrupted_run_resumes_bitwise(tmp_path):
+    from quest_image_cls.experiment import run
+    from quest_sdk.task import SimulatedCrash
+
+    cfg = ImageClsTask().make_config("tiny", {"epochs": 1, "batch_size": 256, "eval_samples": 200, "adv_samples": 8,
+                                              "corruption_samples": 20, "pgd_steps": 1, "figure_images": 1,
+                                              "log_every": 3})
+
+    def attempt(folder, **faults):
+        torch.manual_seed(0)
+        ctx = RunContext(folder, "quest", 0, progress=False, checkpoint_every=5, **faults)
+        try:
+            return run(cfg, ctx).metrics, ctx.resumed_from_step
+        finally:
+            ctx.close()
+
+    straight, _ = attempt(tmp_path / "a")
+    with pytest.raises(SimulatedCrash):
+        attempt(tmp_path / "b", fault_crash_step=8)
+    resumed, step = attempt(tmp_path / "b")
+    assert step == 5 and resumed == straight

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
+from quest_sdk.data import require_data_root
+from quest_sdk.engine import Trainer, TrainSpec
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
-from quest_sdk.engine import decay_groups
-from quest_core import Telemetry, summarize
 from quest_image_cls import data as D
 from quest_image_cls.attacks import adversarial_accuracy
 from quest_sdk.image_corruptions import CORRUPTIONS, SEVERITIES, corrupt
@@ -28,7 +27,7 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
     vit = build_vit(ctx.variant, cfg.img_size, cfg.patch_size, D.CHANNELS[cfg.dataset], D.NUM_CLASSES[cfg.dataset],
                     cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio, cfg.drop_path)
     model = Classifier(vit, *D.MEAN_STD[cfg.dataset]).to(device)
-    samples = train(model, cfg, train_set, ctx, device)
+    samples = train(model, cfg, train_set, ctx)
 
     x_test, y_test = materialise(test_set, cfg.eval_samples)
     metrics = {"test_acc": accuracy(model, x_test, y_test, device)}
@@ -55,9 +54,7 @@ def load_data(cfg: ImageClsConfig, data_root: str | None):
     if cfg.dataset == "digits":
         train_set, test_set, digest = D.load_digits()
         return train_set, test_set, f"mnist_5k.npz sha256:{digest}"
-    if not data_root:
-        raise ValueError(f"dataset {cfg.dataset!r} is read from --data-root; none given")
-    root = Path(data_root)
+    root = require_data_root(data_root, cfg.dataset)
     if cfg.dataset.startswith("cifar"):
         return (D.cifar(root, cfg.dataset, True, D.train_transform(cfg.dataset, cfg.img_size)),
                 D.cifar(root, cfg.dataset, False, D.eval_transform(cfg.dataset, cfg.img_size)), str(root))
@@ -82,51 +79,40 @@ def shift(x: torch.Tensor, pixels: int, gen: torch.Generator) -> torch.Tensor:
     return torch.stack([padded[i, :, dy[i]: dy[i] + h, dx[i]: dx[i] + w] for i in range(b)])
 
 
-def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx, device: torch.device) -> int:
-    """AdamW + warm-up/cosine (timm), optional mixup/cutmix/label smoothing and bf16 autocast; returns samples seen."""
+def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx) -> int:
+    """The shared engine over shuffled epochs (a DataLoader over the engine's index batches), with timm's
+    mixup/cutmix and label-smoothing losses and the digits' random shift (from the step's generator); returns the
+    samples seen."""
     from timm.data import Mixup
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import CosineLRScheduler
 
-    gen = torch.Generator().manual_seed(ctx.seed)
-    loader = DataLoader(train_set, batch_size=cfg.batch_size, shuffle=True, drop_last=True, generator=gen,
-                        num_workers=cfg.num_workers)
-    steps = cfg.epochs * len(loader)
-    optimizer = create_optimizer_v2(decay_groups(model, cfg.weight_decay), "adamw", lr=cfg.lr)
-    scheduler = CosineLRScheduler(optimizer, t_initial=steps, warmup_t=int(cfg.warmup_epochs * len(loader)),
-                                  warmup_lr_init=cfg.lr * 1e-3, lr_min=cfg.lr * 1e-2, t_in_epochs=False)
+    per_epoch = len(train_set) // cfg.batch_size
+    if per_epoch == 0:
+        raise ValueError(f"{len(train_set)} training images is fewer than one batch of {cfg.batch_size}")
+    steps = cfg.epochs * per_epoch
+    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                            warmup_steps=int(cfg.warmup_epochs * per_epoch), amp=cfg.amp,
+                                            log_every=cfg.log_every), "image-cls")
+    sampler = trainer.epoch_batches(len(train_set), cfg.batch_size)
     mixup = (Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
                    num_classes=D.NUM_CLASSES[cfg.dataset]) if cfg.mixup > 0 or cfg.cutmix > 0 else None)
     criterion = (SoftTargetCrossEntropy() if mixup else
                  LabelSmoothingCrossEntropy(cfg.label_smoothing) if cfg.label_smoothing > 0 else torch.nn.CrossEntropyLoss())
-    telemetry = Telemetry(model, max_queries=64)
-    step = 0
-    model.train()
-    with ctx.bar(steps, "image-cls") as bar:
-        for _ in range(cfg.epochs):
-            for x, y in loader:
-                if cfg.dataset == "digits":
-                    x = shift(x, cfg.shift_pixels, gen)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                if mixup:
-                    x, y = mixup(x, y)
-                logging = step % cfg.log_every == 0 or step == steps - 1
-                with telemetry if logging else nullcontext(), torch.autocast(device.type, torch.bfloat16, enabled=cfg.amp):
-                    loss = criterion(model(x), y)
-                    per_layer = telemetry.snapshot() if logging else {}
-                stats = summarize(per_layer) if logging else None
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                step += 1
-                scheduler.step_update(step)
-                ctx.check(step, loss.item(), stats)
-                if logging:  # the summary (max/mean over layers) plus max logit and entropy of every layer
-                    layers = {f"{name}/{k}": v[k] for name, v in per_layer.items() for k in ("max_logit", "entropy_mean")}
-                    ctx.log(step, {"loss": loss.item(), "lr": optimizer.param_groups[0]["lr"], **stats, **layers})
-                bar.update(1)
-    model.eval()
+
+    def batches(start: int):  # a fixed generator: the loader never draws from the (checkpointed) global state
+        return DataLoader(train_set, batch_sampler=sampler.from_step(start), num_workers=cfg.num_workers,
+                          generator=torch.Generator().manual_seed(0), pin_memory=trainer.device.type == "cuda")
+
+    def loss_fn(net, batch, rng):
+        x, y = batch
+        if cfg.dataset == "digits":
+            x = shift(x, cfg.shift_pixels, rng)
+        x, y = x.to(trainer.device, non_blocking=True), y.to(trainer.device, non_blocking=True)
+        if mixup:
+            x, y = mixup(x, y)
+        return criterion(net(x), y)
+
+    trainer.fit(batches, loss_fn)
     return steps * cfg.batch_size
 
 

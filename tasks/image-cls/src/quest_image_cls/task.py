@@ -51,7 +51,7 @@ class ImageClsConfig:
 
 class ImageClsTask(Task):
     name = "image-cls"
-    version = "2"  # 2: no weight decay on pos_embed, cls_token and the qknorm-hs gain
+    version = "3"  # 3: the shared engine (quest_sdk.engine); 2: no weight decay on pos_embed, cls_token, qknorm-hs gain
     primary_metric = "test_acc"
     higher_is_better = True
     leaderboard_metrics = {"corrupted_acc": True, "fgsm_acc": True, "pgd_acc": True}
