@@ -3,6 +3,7 @@ resume under torch's weights-only loading, the generated mosaics (deterministic,
 the corruption transform, and a tiny run that learns."""
 
 import copy
+import json
 import subprocess
 import sys
 
@@ -250,3 +251,27 @@ def test_the_variants_parameters_get_no_weight_decay():
     for name in ("q_gain", "k_gain", "logit_scale", "q_ln_weight", "q_ln_bias", "k_ln_weight", "k_ln_bias"):
         assert keys[name] == dict(decay_mult=0.0)
     assert keys["pos_embed"] == dict(decay_mult=0.0)  # the config's own keys stay
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_from_mmengine_s_latest_checkpoint(tmp_path):
+    from quest_sdk.task import RunContext, SimulatedCrash
+    from quest_segmentation.experiment import run
+    from quest_segmentation.task import SegmentationTask
+
+    cfg = SegmentationTask().make_config("tiny", {"iters": 10, "mosaic_train": 64, "mosaic_val": 8,
+                                                  "corruption_samples": 0, "figure_images": 0, "log_every": 2})
+
+    def attempt(**faults):
+        ctx = RunContext(tmp_path / "run", "quest", 0, progress=False, checkpoint_every=4, **faults)
+        try:
+            return run(cfg, ctx), ctx.resumed_from_step
+        finally:
+            ctx.close()
+
+    with pytest.raises(SimulatedCrash):
+        attempt(fault_crash_step=6)
+    output, step = attempt()
+    assert step == 4 and 0 <= output.metrics["miou"] <= 1
+    rows = [json.loads(line)["step"] for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert rows == [1, 3, 5, 7, 9, 10]  # the rows after the checkpoint were dropped and logged again

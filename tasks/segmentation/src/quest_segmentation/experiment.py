@@ -75,6 +75,11 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     exclude_variant_params_from_decay(mm_cfg)
     if cfg.iters:
         set_iters(mm_cfg, cfg.iters)
+    # checkpoints as the shared engine makes them (every --checkpoint-every iterations, default ten per run, and at
+    # the end), in mmengine's own format; a run started again in the same folder resumes from the latest
+    mm_cfg.default_hooks.checkpoint.interval = ctx.checkpoint_every or max(1, mm_cfg.train_cfg.max_iters // 10)
+    mm_cfg.default_hooks.checkpoint.save_last = True
+    mm_cfg.resume = True
     mm_cfg.work_dir = str(Path(ctx.out_dir) / "mmseg")
     # mmengine keeps one Visualizer per name per process; a Ray worker runs many runs, so name it per run.
     mm_cfg.visualizer.name = f"visualizer-{Path(ctx.out_dir).name}-{id(ctx)}"
@@ -98,19 +103,20 @@ def exclude_variant_params_from_decay(mm_cfg) -> None:
 
 
 def set_iters(mm_cfg, iters: int) -> None:
-    """Shorten or lengthen the schedule: the loop, the checkpoint interval and the schedulers' ends (scaled)."""
+    """Shorten or lengthen the schedule: the loop and the schedulers' ends (scaled)."""
     old = mm_cfg.train_cfg.max_iters
     mm_cfg.train_cfg.max_iters = iters
     mm_cfg.train_cfg.val_interval = iters + 1  # validation once, after training (runner.test)
-    mm_cfg.default_hooks.checkpoint.interval = iters
     for sched in mm_cfg.param_scheduler:
         sched.begin = round(sched.get("begin", 0) * iters / old)
         sched.end = max(sched.begin + 1, round(sched.get("end", old) * iters / old))
 
 
 class QuestRunHook(Hook):
-    """An mmengine hook feeding quest-bench: progress bar, telemetry every ``log_every`` iterations
-    (events.jsonl), and the divergence check (NaN loss or exploding logits end the run as ``diverged``)."""
+    """An mmengine hook reporting as the shared engine (``quest_sdk.engine``) does: progress bar, events.jsonl rows
+    with the same names (loss, lr, grad_norm when mmengine clips, the telemetry summary and per-layer
+    ``<layer>/max_logit`` and ``<layer>/entropy_mean``) every ``log_every`` iterations, the divergence check (NaN
+    loss or exploding logits end the run as ``diverged``), and the step a resumed run restarted from."""
 
     priority = "LOW"
 
@@ -123,7 +129,9 @@ class QuestRunHook(Hook):
 
     def before_train(self, runner) -> None:
         self.telemetry = Telemetry(runner.model, max_queries=64)
-        self.bar = self.ctx.bar(self.total, "segmentation")
+        self.ctx.resumed_from_step = runner.iter  # > 0 when mmengine resumed from a checkpoint in the run folder
+        self.ctx.begin(runner.iter)
+        self.bar = self.ctx.bar(self.total, "segmentation", initial=runner.iter)
         logging.getLogger("mmengine").setLevel(logging.WARNING)
 
     def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
@@ -140,7 +148,11 @@ class QuestRunHook(Hook):
             stats = summarize(per_layer)
             layers = {f"{n}/{k}": v[k] for n, v in per_layer.items() for k in ("max_logit", "entropy_mean")}
             lr = runner.optim_wrapper.get_lr()["lr"][0]
-            self.ctx.log(step, {"loss": loss, "lr": lr, **stats, **layers})
+            try:  # recorded by mmengine's optimizer wrapper when it clips gradients
+                extra = {"grad_norm": float(runner.message_hub.get_scalar("train/grad_norm").current())}
+            except KeyError:
+                extra = {}
+            self.ctx.log(step, {"loss": loss, "lr": lr, **extra, **stats, **layers})
         self.bar.update(1)
         self.ctx.check(step, loss, stats)
 
