@@ -111,7 +111,7 @@ def test_infeasible_resources_are_refused_up_front(tmp_path):
     proc = quest_bench("sweep", "--suite", suite, "--results", tmp_path / "results")
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("quest-bench: error: run image-cls/quest/paper/seed0 needs 1 worker(s) of 10 CPUs, 1 GPUs "
+    assert last.startswith("quest-bench: error: run image-cls/quest/paper/seed0 needs 8 worker(s) of 10 CPUs, 1 GPUs "
                            "(cuda), but the cluster's nodes have: ")
     assert not (tmp_path / "results").exists()  # nothing written
 

@@ -188,22 +188,10 @@ def test_autoattack_runs_and_is_at_least_as_strong_as_pgd(trained):
 
 def test_an_interrupted_run_resumes_bitwise(tmp_path):
     from quest_image_cls.experiment import run
-    from quest_sdk.task import SimulatedCrash
+    from quest_sdk.testing import straight_and_resumed
 
     cfg = ImageClsTask().make_config("tiny", {"epochs": 1, "batch_size": 256, "eval_samples": 200, "adv_samples": 8,
                                               "corruption_samples": 20, "pgd_steps": 1, "figure_images": 1,
                                               "log_every": 3})
-
-    def attempt(folder, **faults):
-        torch.manual_seed(0)
-        ctx = RunContext(folder, "quest", 0, progress=False, checkpoint_every=5, **faults)
-        try:
-            return run(cfg, ctx).metrics, ctx.resumed_from_step
-        finally:
-            ctx.close()
-
-    straight, _ = attempt(tmp_path / "a")
-    with pytest.raises(SimulatedCrash):
-        attempt(tmp_path / "b", fault_crash_step=8)
-    resumed, step = attempt(tmp_path / "b")
+    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=5, crash_step=8)
     assert step == 5 and resumed == straight

@@ -155,24 +155,10 @@ def test_spike_detector_state_survives_a_checkpoint():
 
 
 def test_an_interrupted_run_resumes_bitwise(tmp_path):
-    import torch
-
-    from quest_sdk.task import RunContext, SimulatedCrash
+    from quest_sdk.testing import straight_and_resumed
 
     cfg = LmConfig(steps=10, warmup_steps=2, eval_tokens=1000, log_every=3, corruption_rates="0.1")
-
-    def attempt(folder, **faults):
-        torch.manual_seed(0)
-        ctx = RunContext(folder, "quest", 0, progress=False, checkpoint_every=4, **faults)
-        try:
-            return run(cfg, ctx).metrics, ctx.resumed_from_step
-        finally:
-            ctx.close()
-
-    straight, _ = attempt(tmp_path / "a")
-    with pytest.raises(SimulatedCrash):
-        attempt(tmp_path / "b", fault_crash_step=6)
-    resumed, step = attempt(tmp_path / "b")
+    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=4, crash_step=6)
     assert step == 4 and resumed == straight
 
 

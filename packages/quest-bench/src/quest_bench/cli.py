@@ -51,8 +51,8 @@ def cmd_tasks(args) -> int:
     for name in task_names():
         task = get_task(name)
         direction = "higher" if task.higher_is_better else "lower"
-        resources = ", ".join(f"{p}: {r.num_cpus:g} CPU/{r.num_gpus:g} GPU" for p, r in
-                              ((p, task.resources_for(p)) for p in task.presets))
+        resources = ", ".join(f"{p}: {f'{r.workers} x ' if r.workers > 1 else ''}{r.num_cpus:g} CPU/{r.num_gpus:g} GPU"
+                              for p, r in ((p, task.resources_for(p)) for p in task.presets))
         print(f"{name}  (v{task.version})  primary: {task.primary_metric} ({direction} is better)")
         print(f"    presets: {', '.join(task.presets)}   [{resources}]")
     print(f"variants: {', '.join(quest_core.list_variants())}")

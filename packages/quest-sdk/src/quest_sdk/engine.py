@@ -70,6 +70,14 @@ def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
 
+def steps_per_epoch(num_examples: int, batch_size: int, what: str = "training examples") -> int:
+    """Optimizer steps in one epoch of full (global) batches, the unit epoch-based configs convert with once; an
+    error when the data is smaller than one batch."""
+    if num_examples < batch_size:
+        raise ValueError(f"{num_examples} {what} is fewer than one batch of {batch_size}")
+    return num_examples // batch_size
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """How to optimise: every task fills this from its config (one set of names for every task)."""
@@ -232,9 +240,7 @@ class EpochBatches:
     ``batch_sampler`` through ``from_step``."""
 
     def __init__(self, num_examples: int, batch_size: int, seed: int, rows: slice = slice(None)):
-        self.per_epoch = num_examples // batch_size
-        if self.per_epoch == 0:
-            raise ValueError(f"{num_examples} training examples is fewer than one batch of {batch_size}")
+        self.per_epoch = steps_per_epoch(num_examples, batch_size)
         self.num_examples, self.batch_size, self.seed, self.rows = num_examples, batch_size, seed, rows
         self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quest_sdk.engine import Trainer, TrainSpec
+from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_det3d import data as D
@@ -148,9 +148,7 @@ def augment(points: torch.Tensor, boxes: torch.Tensor, gen: torch.Generator) -> 
 def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classes: int, ctx) -> int:
     """The shared engine with gradient clipping, shuffled epochs, flip/rotate/scale augmentation from the step's
     generator, CenterPoint losses (focal heatmap + 0.25 x weighted L1 code); returns the steps."""
-    per_epoch = len(samples) // cfg.batch_size
-    if per_epoch == 0:
-        raise ValueError(f"{len(samples)} training samples is fewer than one batch of {cfg.batch_size}")
+    per_epoch = steps_per_epoch(len(samples), cfg.batch_size, "training samples")
     steps = cfg.epochs * per_epoch
     trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                             warmup_steps=int(cfg.warmup_epochs * per_epoch), grad_clip=cfg.grad_clip,

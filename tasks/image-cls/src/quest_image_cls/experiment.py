@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
 from quest_sdk.data import require_data_root
-from quest_sdk.engine import Trainer, TrainSpec
+from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_image_cls import data as D
@@ -86,9 +86,7 @@ def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx) -> int:
     from timm.data import Mixup
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
-    per_epoch = len(train_set) // cfg.batch_size
-    if per_epoch == 0:
-        raise ValueError(f"{len(train_set)} training images is fewer than one batch of {cfg.batch_size}")
+    per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, "training images")
     steps = cfg.epochs * per_epoch
     trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                             warmup_steps=int(cfg.warmup_epochs * per_epoch), amp=cfg.amp,

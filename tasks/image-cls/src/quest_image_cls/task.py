@@ -68,7 +68,7 @@ class ImageClsTask(Task):
         },
     }
     resources = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),
-                 "paper": Resources(num_cpus=10, num_gpus=1)}
+                 "paper": Resources(num_cpus=10, num_gpus=1, workers=8)}  # per worker: 128 of the 1,024 batch
 
     def run(self, cfg: ImageClsConfig, ctx) -> TaskOutput:
         from quest_image_cls.experiment import run  # torch and the task's stack load only here

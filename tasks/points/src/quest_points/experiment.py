@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quest_sdk.engine import Trainer, TrainSpec
+from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
@@ -72,9 +72,7 @@ def augment(x_bp3: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tensor, ctx) -> int:
     """The shared engine: shuffled epochs, a random subset of ``points`` points per cloud and scale/shift
     augmentation (from the step's generator), label smoothing; returns the number of steps."""
-    per_epoch = len(x) // cfg.batch_size
-    if per_epoch == 0:
-        raise ValueError(f"{len(x)} training clouds is fewer than one batch of {cfg.batch_size}")
+    per_epoch = steps_per_epoch(len(x), cfg.batch_size, "training clouds")
     steps = cfg.epochs * per_epoch
     trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                             warmup_steps=int(cfg.warmup_epochs * per_epoch), amp=cfg.amp,

@@ -68,7 +68,7 @@ class PointsTask(Task):
         },
     }
     resources = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),
-                 "paper": Resources(num_cpus=8, num_gpus=1)}
+                 "paper": Resources(num_cpus=8, num_gpus=1, workers=4)}  # per worker: 8 of the 32 clouds
 
     def run(self, cfg: PointsConfig, ctx) -> TaskOutput:
         from quest_points.experiment import run  # torch and the task's stack load only here

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import torchaudio.functional as AF
 
 from quest_sdk.data import require_data_root
-from quest_sdk.engine import Trainer, TrainSpec
+from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_speech import data as D
@@ -96,9 +96,7 @@ def pad_batch(audio: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Te
 def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx) -> int:
     """The shared engine over shuffled epochs, with gradient clipping and the optional narrow-band augmentation
     (from the step's generator); ``loss_fn(model, wave, lengths, targets)``. Returns the steps run."""
-    per_epoch = len(train_set) // cfg.batch_size
-    if per_epoch == 0:
-        raise ValueError(f"{len(train_set)} training utterances is fewer than one batch of {cfg.batch_size}")
+    per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, "training utterances")
     steps = cfg.epochs * per_epoch
     trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                             warmup_steps=max(1, int(cfg.warmup_frac * steps)),
@@ -162,8 +160,8 @@ def error_rates(model: CtcModel, utts: D.Utterances, device) -> tuple[float, flo
 
 
 def robustness(test_set: D.Utterances, samples: int, seed: int, score_fn, score: str) -> dict:
-    """``score_fn`` on ``samples`` test utterances (spread evenly over the set) under every perturbation level (``quest_bench``'s
-    corruption vocabulary: per-family mean, error summed over levels for mCE, overall mean)."""
+    """``score_fn`` on ``samples`` test utterances (spread evenly over the set) under every perturbation level
+    (``quest_sdk.robustness``'s corruption vocabulary: per-family mean, error summed over levels for mCE, overall mean)."""
     base = test_set.subset(samples)
     scores = {}
     for f, (family, levels) in enumerate(PERTURBATIONS.items()):

@@ -11,7 +11,8 @@ from quest_sdk.task import Resources, Task, TaskOutput
 
 
 def _resources():
-    return {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2), "paper": Resources(num_cpus=8, num_gpus=1)}
+    return {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),
+            "paper": Resources(num_cpus=8, num_gpus=1, workers=4)}  # per worker: a quarter of the batch
 
 
 @dataclass
