@@ -15,9 +15,9 @@ pytestmark = pytest.mark.slow
 RUNS = {  # a few steps of each task, small evaluations
     "lm": ["--set", "steps=12", "--set", "warmup_steps=2", "--set", "eval_tokens=2000", "--set", "log_every=4",
            "--set", "dropout=0"],
-    "image-cls": ["--set", "epochs=1", "--set", "train_samples=96", "--set", "batch_size=16",
-                  "--set", "eval_samples=200", "--set", "adv_samples=16", "--set", "corruption_samples=40",
-                  "--set", "pgd_steps=2", "--set", "figure_images=0"],
+    "image-cls": ["--set", "epochs=1", "--set", "batch_size=256", "--set", "eval_samples=200",
+                  "--set", "adv_samples=16", "--set", "corruption_samples=40", "--set", "pgd_steps=2",
+                  "--set", "figure_images=1", "--set", "log_every=4"],
 }
 
 

@@ -190,8 +190,13 @@ def test_an_interrupted_run_resumes_bitwise(tmp_path):
     from quest_image_cls.experiment import run
     from quest_sdk.testing import straight_and_resumed
 
-    cfg = ImageClsTask().make_config("tiny", {"epochs": 1, "batch_size": 256, "eval_samples": 200, "adv_samples": 8,
-                                              "corruption_samples": 20, "pgd_steps": 1, "figure_images": 1,
-                                              "log_every": 3})
-    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=5, crash_step=8)
-    assert step == 5 and resumed == straight
+    # one epoch of 4 batches (4,000 digits / 1,000), a narrow model, small evaluation subsets: a few seconds a run
+    cfg = ImageClsTask().make_config("tiny", {"epochs": 1, "batch_size": 1000, "embed_dim": 16, "depth": 2,
+                                              "num_heads": 2, "eval_samples": 100, "adv_samples": 8,
+                                              "corruption_samples": 10, "pgd_steps": 1, "figure_images": 1,
+                                              "log_every": 1})
+    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=2, crash_step=3)
+    assert step == 2 and resumed == straight
+    assert {"test_acc", "corrupted_acc", "fgsm_acc", "pgd_acc", "final_max_logit"} <= straight.keys()
+    rows = [(tmp_path / run_dir / "events.jsonl").read_text() for run_dir in ("straight", "resumed")]
+    assert rows[0] == rows[1]  # the rows of steps 3 and 4 logged again after the resume, not doubled

@@ -97,9 +97,11 @@ def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx) -> int:
     criterion = (SoftTargetCrossEntropy() if mixup else
                  LabelSmoothingCrossEntropy(cfg.label_smoothing) if cfg.label_smoothing > 0 else torch.nn.CrossEntropyLoss())
 
-    def batches(start: int):  # a fixed generator: the loader never draws from the (checkpointed) global state
+    def batches(start: int):  # the loader's generator (its workers' seeds) comes from (seed, start, rank): it never
+        # draws from the checkpointed global state, and each seed and worker augments differently in loader workers
         return DataLoader(train_set, batch_sampler=sampler.from_step(start), num_workers=cfg.num_workers,
-                          generator=torch.Generator().manual_seed(0), pin_memory=trainer.device.type == "cuda")
+                          generator=trainer.rng(start, stream=2**21 + ctx.rank),
+                          pin_memory=trainer.device.type == "cuda")
 
     def loss_fn(net, batch, rng):
         x, y = batch

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-CACHE = Path(os.environ.get("QUEST_BENCH_CACHE", Path.home() / ".cache" / "quest-bench"))
+from quest_sdk.data import CACHE, build_once
 # The ten photos bundled in the scikit-image wheel (licences in data/README.md: CC0 / public domain).
 SOURCES = ("brick", "grass", "gravel", "hubble_deep_field", "immunohistochemistry", "retina", "moon", "page",
            "coffee", "chelsea")
@@ -65,31 +63,26 @@ def _mosaic(photos: list[np.ndarray], size: int, split: str, rng: np.random.Gene
 
 
 def texture_mosaics(n_train: int, n_val: int, size: int, seed: int = 0, cache: Path = CACHE) -> Path:
-    """Generate (once; cached) the mosaic dataset and return its root in ADE20K layout."""
+    """Generate (once; cached, built atomically by ``quest_sdk.data.build_once``) the mosaic dataset and return its
+    root in ADE20K layout."""
     key = json.dumps({"v": MOSAICS_VERSION, "train": n_train, "val": n_val, "size": size, "seed": seed})
-    root = cache / "segmentation" / f"mosaics-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (root / "done.json").exists():
-        return root
+    root = Path(cache) / "segmentation" / f"mosaics-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if size > SHORT_SIDE * VAL_FRACTION:
         raise ValueError(f"mosaic size {size} is wider than the held-out strip ({int(SHORT_SIDE * VAL_FRACTION)} px)")
-    photos = _source_photos()
-    build = root.with_name(f"{root.name}.{os.getpid()}.tmp")  # parallel runs each build their own, then rename
-    for split, count in (("training", n_train), ("validation", n_val)):
-        rng = np.random.default_rng([seed, 0 if split == "training" else 1])
-        (build / "images" / split).mkdir(parents=True, exist_ok=True)
-        (build / "annotations" / split).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            image, label = _mosaic(photos, size, split, rng)
-            Image.fromarray(image).save(build / "images" / split / f"mosaic_{i:05d}.jpg", quality=95)
-            Image.fromarray(label).save(build / "annotations" / split / f"mosaic_{i:05d}.png")
-    (build / "done.json").write_text(key)
-    if root.exists() and not (root / "done.json").exists():
-        shutil.rmtree(root, ignore_errors=True)  # an incomplete folder left by an interrupted older build
-    try:
-        build.rename(root)  # atomic; fails if another run got there first (same content)
-    except OSError:
-        shutil.rmtree(build, ignore_errors=True)
-    return root
+
+    def build(folder: Path) -> None:
+        photos = _source_photos()
+        for split, count in (("training", n_train), ("validation", n_val)):
+            rng = np.random.default_rng([seed, 0 if split == "training" else 1])
+            (folder / "images" / split).mkdir(parents=True, exist_ok=True)
+            (folder / "annotations" / split).mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                image, label = _mosaic(photos, size, split, rng)
+                Image.fromarray(image).save(folder / "images" / split / f"mosaic_{i:05d}.jpg", quality=95)
+                Image.fromarray(label).save(folder / "annotations" / split / f"mosaic_{i:05d}.png")
+        (folder / "done.json").write_text(key)
+
+    return build_once(root, build, "done.json")
 
 
 def ade20k_root(data_root: str | Path) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 import quest_segmentation.mmcv_shim  # noqa: F401  (before mmengine/mmseg: the mmcv-lite shim)
 from mmengine.hooks import Hook
 
+from quest_sdk.data import require_data_root
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_core import Telemetry, summarize
@@ -53,9 +54,7 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
         root = D.texture_mosaics(cfg.mosaic_train, cfg.mosaic_val, cfg.mosaic_size)
         data_id = f"texture mosaics {root.name}"
     elif cfg.dataset == "ade20k":
-        if not ctx.data_root:
-            raise ValueError("dataset 'ade20k' is read from --data-root; none given")
-        root = D.ade20k_root(ctx.data_root)
+        root = D.ade20k_root(require_data_root(ctx.data_root, "ade20k"))
         data_id = str(root)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: mosaics, ade20k")
@@ -76,9 +75,11 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     if cfg.iters:
         set_iters(mm_cfg, cfg.iters)
     # checkpoints as the shared engine makes them (every --checkpoint-every iterations, default ten per run, and at
-    # the end), in mmengine's own format; a run started again in the same folder resumes from the latest
-    mm_cfg.default_hooks.checkpoint.interval = ctx.checkpoint_every or max(1, mm_cfg.train_cfg.max_iters // 10)
-    mm_cfg.default_hooks.checkpoint.save_last = True
+    # the end; only the latest kept), in mmengine's own format; a run started again in the same folder resumes from
+    # the latest (mmengine restores weights, optimizer, schedulers and its message hub, and replays the data loader)
+    checkpoint = mm_cfg.default_hooks.checkpoint
+    checkpoint.interval = ctx.checkpoint_every or max(1, mm_cfg.train_cfg.max_iters // 10)
+    checkpoint.by_epoch, checkpoint.save_last, checkpoint.max_keep_ckpts = False, True, 1
     mm_cfg.resume = True
     mm_cfg.work_dir = str(Path(ctx.out_dir) / "mmseg")
     # mmengine keeps one Visualizer per name per process; a Ray worker runs many runs, so name it per run.
@@ -116,7 +117,9 @@ class QuestRunHook(Hook):
     """An mmengine hook reporting as the shared engine (``quest_sdk.engine``) does: progress bar, events.jsonl rows
     with the same names (loss, lr, grad_norm when mmengine clips, the telemetry summary and per-layer
     ``<layer>/max_logit`` and ``<layer>/entropy_mean``) every ``log_every`` iterations, the divergence check (NaN
-    loss or exploding logits end the run as ``diverged``), and the step a resumed run restarted from."""
+    loss or exploding logits end the run as ``diverged``), and the step a resumed run restarted from. The last
+    telemetry summary (``ctx.telemetry_last``, the ``final_*`` metrics) travels in mmengine's checkpoints, as it
+    does in the engine's."""
 
     priority = "LOW"
 
@@ -152,9 +155,17 @@ class QuestRunHook(Hook):
                 extra = {"grad_norm": float(runner.message_hub.get_scalar("train/grad_norm").current())}
             except KeyError:
                 extra = {}
+        self.ctx.check(step, loss, stats)  # before the row, as the engine does: a diverged step logs none
+        if stats is not None:
             self.ctx.log(step, {"loss": loss, "lr": lr, **extra, **stats, **layers})
         self.bar.update(1)
-        self.ctx.check(step, loss, stats)
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        checkpoint["quest_telemetry_last"] = dict(self.ctx.telemetry_last)
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if "quest_telemetry_last" in checkpoint:  # a resumed run: the summary of the last row before the checkpoint
+            self.ctx.telemetry_last = dict(checkpoint["quest_telemetry_last"])
 
     def after_train(self, runner) -> None:
         self.bar.close()
