@@ -84,3 +84,23 @@ def test_a_sweep_retry_resumes_from_the_checkpoint_its_dead_worker_left(tmp_path
     assert result(folder)["status"] == "ok"
     assert result(folder)["resumed_from_step"] == 4
     assert (folder / "checkpoint.pt").exists() and (folder / "events.jsonl").exists()
+
+
+def test_runs_on_a_storage_uri_mirror_their_folder_and_resume_from_it(tmp_path):
+    suite = tmp_path / "mirror.yaml"
+    suite.write_text("name: mirror\ntasks: [lm]\nvariants: [quest]\npresets: [tiny]\nseeds: [0]\n"
+                     "overrides: {steps: 12, warmup_steps: 2, eval_tokens: 2000, log_every: 4}\n")
+    marker, storage = tmp_path / "crashed", tmp_path / "bucket"
+    proc = quest_bench("sweep", "--suite", suite, "--results", tmp_path / "results", "--checkpoint-every", "4",
+                       "--storage", storage.as_uri(),
+                       env=cli_env(QUEST_BENCH_FAULTS=f"crash_at_step=6,crash_once={marker}"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert marker.exists()
+    (folder,) = (tmp_path / "results" / "mirror" / "runs").iterdir()
+    assert result(folder)["status"] == "ok"
+    assert result(folder)["resumed_from_step"] == 4  # the retry pulled the checkpoint its dead worker had pushed
+    mirrored = storage / "mirror" / "runs" / folder.name
+    assert {"events.jsonl", "checkpoint.pt", "tensorboard"} <= {p.name for p in mirrored.iterdir()}
+    assert (folder / "events.jsonl").read_text() == (mirrored / "events.jsonl").read_text()
+    bad = quest_bench("sweep", "--suite", suite, "--results", tmp_path / "other", "--storage", "nope://x")
+    assert bad.returncode == 2 and "--storage nope://x: pyarrow cannot open it" in bad.stderr

@@ -270,7 +270,7 @@ def cmd_sweep(args) -> int:
     counts = run_sweep(suite, Path(args.results), address=args.address, data_root=args.data_root,
                        max_retries=args.max_retries, run_timeout=args.run_timeout, wait=args.wait,
                        wait_for_resources=args.wait_for_resources, progress=not args.quiet, device=args.device,
-                       workers=args.workers, checkpoint_every=args.checkpoint_every)
+                       workers=args.workers, checkpoint_every=args.checkpoint_every, storage=args.storage)
     print(f"suite {suite.name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0 if counts["failed"] == 0 else 1
 
@@ -421,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                        help="steps between checkpoints (default 0: ten per run, plus the end)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs to do and their resources; run nothing")
+    sweep.add_argument("--storage", metavar="URI", help="keep run folders at this URI while they train (s3://, gs://, "
+                       "file://; through pyarrow.fs), for nodes that do not mount --results; the driver copies each "
+                       "finished run's folder into --results")
     sweep.add_argument("--quiet", action="store_true")
     sweep.set_defaults(fn=cmd_sweep)
 

@@ -89,7 +89,7 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     try:
         config = task.make_config(spec.preset, spec.overrides)
         result.config = {k: v for k, v in vars(config).items()}
-        torch.manual_seed(spec.seed)
+        seed_everything(spec.seed)
         output = task.run(config, ctx)
         result.metrics, result.data = output.metrics, output.data
         wall = time.perf_counter() - start
@@ -114,6 +114,19 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         result.cost["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
     result.finished_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return result
+
+
+def seed_everything(seed: int) -> None:
+    """The global generators a run may draw from (torch's, numpy's for e.g. timm's mixup, Python's), seeded from
+    the run's seed, so that two runs of one spec in one process draw the same; checkpoints save their states."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def environment(device: str, data_root: str | None = None) -> dict:

@@ -88,8 +88,9 @@ def placement(spec: RunSpec, device: str = "auto", workers: int | None = None) -
 
 
 def run_in_worker(spec_json: dict, run_dir: str, where: Placement, data_root: str | None, clock,
-                  checkpoint_every: int, max_failures: int) -> str:
-    """Executed in a fresh Ray worker: run in the run's own folder of the results storage; return the result."""
+                  checkpoint_every: int, max_failures: int, mirror_uri: str | None = None) -> str:
+    """Executed in a fresh Ray worker: run in the run's own folder of the results storage (or, with
+    ``mirror_uri``, in a scratch folder mirrored there); return the result."""
     import ray
 
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -97,6 +98,8 @@ def run_in_worker(spec_json: dict, run_dir: str, where: Placement, data_root: st
 
     spec = RunSpec.from_json(spec_json)
     ray.get(clock.start.remote(spec.run_id))
+    if mirror_uri:
+        return run_mirrored(spec, mirror_uri, where, data_root, checkpoint_every)
     folder = Path(run_dir)
     if not folder.parent.is_dir():
         raise ValueError(f"the results folder {folder.parent.parent} is not visible on node {socket.gethostname()}: "
@@ -111,6 +114,24 @@ def run_in_worker(spec_json: dict, run_dir: str, where: Placement, data_root: st
     else:
         result = execute(spec, folder, device=where.device, data_root=data_root, progress=False,
                          checkpoint_every=checkpoint_every)
+    return result.to_json()
+
+
+def run_mirrored(spec: RunSpec, uri: str, where: Placement, data_root: str | None, checkpoint_every: int) -> str:
+    """A run in a local scratch folder mirrored to ``uri`` (``quest_bench.storage``): pulled first (a retry resumes
+    from the mirrored checkpoint), pushed at every checkpoint and at the end."""
+    import tempfile
+
+    from quest_bench.runner import execute
+    from quest_bench.storage import MirroredCheckpoints, RunMirror
+
+    mirror = RunMirror(uri)
+    with tempfile.TemporaryDirectory(prefix="quest-bench-run-") as scratch:
+        folder = Path(scratch)
+        mirror.pull(folder)
+        result = execute(spec, folder, device=where.device, data_root=data_root, progress=False,
+                         checkpoint_every=checkpoint_every, checkpoints=MirroredCheckpoints(folder, mirror))
+        mirror.push(folder)
     return result.to_json()
 
 
@@ -153,13 +174,15 @@ def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int 
 def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_root: str | None = None,
               max_retries: int = 2, run_timeout: float | None = None, wait: bool = False,
               wait_for_resources: bool = False, progress: bool = True, device: str = "auto",
-              workers: int | None = None, checkpoint_every: int = 0) -> dict[str, int]:
+              workers: int | None = None, checkpoint_every: int = 0, storage: str | None = None) -> dict[str, int]:
     """Run every missing spec of ``suite``; returns counts by status for this invocation (plus 'skipped').
 
     ``run_timeout``: seconds per run (default: each preset's, ``Task.timeout_for``). ``wait``: queue behind another
     driver of the same results folder instead of refusing. ``wait_for_resources``: submit runs that no node can
     host yet (an autoscaling cluster adds the nodes) instead of refusing them. ``device`` and ``workers`` override
-    every preset's (``placement``); ``checkpoint_every``: steps between checkpoints (0: ten per run).
+    every preset's (``placement``); ``checkpoint_every``: steps between checkpoints (0: ten per run). ``storage``: a
+    URI where the runs keep their folders while they train (``quest_bench.storage``), for clusters whose nodes do
+    not mount the results folder.
     """
     check_sweep_args(max_retries, run_timeout)
     store = Store(Path(results_dir) / suite.name)
@@ -172,6 +195,13 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
     if holder and not wait:  # refused before Ray starts (and again, race-free, when the lock is taken below)
         raise ValueError(in_use_message(store.root, holder))
     places = {spec.run_id: placement(spec, device, workers) for spec in todo}
+    if storage:
+        from quest_bench.storage import check_storage
+
+        check_storage(storage)
+        if any(p.workers > 1 for p in places.values()):
+            raise ValueError("--storage with data-parallel runs (workers > 1) is not supported: put --results on a "
+                             "filesystem every node mounts, or pass --workers 1")
     with ray_session(address, max_retries) as ray:
         if not wait_for_resources:  # refused before anything is written
             check_feasible(todo, places, ray.nodes())
@@ -182,7 +212,7 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
                   f"to run -> {store.root}", file=sys.stderr)
             if todo:
                 run_specs(ray, todo, places, store, counts, data_root, max_retries, run_timeout, progress,
-                          checkpoint_every)
+                          checkpoint_every, storage)
     return counts
 
 
@@ -246,7 +276,9 @@ def check_feasible(specs: list[RunSpec], places: dict[str, Placement], nodes: li
 
 def run_specs(ray, todo: list[RunSpec], places: dict[str, Placement], store: Store, counts: dict,
               data_root: str | None, max_retries: int, run_timeout: float | None, progress: bool,
-              checkpoint_every: int) -> None:
+              checkpoint_every: int, storage: str | None = None) -> None:
+    from quest_bench.storage import RunMirror, run_uri
+
     clock = ray.remote(num_cpus=0)(RunClock).remote()
     remote = ray.remote(max_calls=1)(run_in_worker)  # a fresh worker process per run (max_calls is not an option)
     store.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -257,7 +289,7 @@ def run_specs(ray, todo: list[RunSpec], places: dict[str, Placement], store: Sto
         cpus, gpus = (0, 0) if where.workers > 1 else (where.num_cpus, where.num_gpus)
         ref = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, name=spec.label()).remote(
             spec.to_json(), str(store.run_dir(spec.run_id).resolve()), where, data_root, clock, checkpoint_every,
-            max_retries)
+            max_retries, run_uri(storage, store.root.name, spec.run_id) if storage else None)
         pending[ref] = spec
         timeouts[spec.run_id] = run_timeout or task.timeout_for(spec.preset)
     bar = tqdm(total=len(todo), desc="sweep", disable=not progress, dynamic_ncols=True)
@@ -266,6 +298,8 @@ def run_specs(ray, todo: list[RunSpec], places: dict[str, Placement], store: Sto
             ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=POLL_S)
             for ref in ready:
                 spec = pending.pop(ref)
+                if storage:  # the run's folder, from where it trained, next to the result the driver writes
+                    RunMirror(run_uri(storage, store.root.name, spec.run_id)).pull(store.run_dir(spec.run_id))
                 finish(store, spec, *outcome(ray, ref, spec, max_retries), counts, bar)
             try:
                 elapsed = ray.get(clock.elapsed.remote())

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from quest_sdk.task import RunContext, SimulatedCrash
@@ -17,7 +19,9 @@ def straight_and_resumed(run: Callable, cfg, folder: Path, variant: str = "quest
     started again. Returns (straight metrics, resumed metrics, the step the second attempt resumed from)."""
 
     def attempt(out: Path, **faults):
-        torch.manual_seed(seed)  # as quest_bench.runner does before every run
+        random.seed(seed)  # the global generators, as quest_bench.runner seeds them before every run
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         ctx = RunContext(out, variant, seed, progress=False, checkpoint_every=checkpoint_every, **faults)
         try:
             return run(cfg, ctx).metrics, ctx.resumed_from_step
