@@ -133,6 +133,17 @@ def test_run_spec_repeats_a_run_exactly_with_its_threads_and_data_root(tmp_path,
     assert main(["run"]) == 2
 
 
+def test_a_run_uses_its_preset_s_thread_count_unless_told_and_restores_torch_s(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    assert main(["run", "spurious", "--out", str(tmp_path / "preset"), "--quiet", *FAST]) == 0
+    assert main(["run", "spurious", "--threads", "2", "--out", str(tmp_path / "two"), "--quiet", *FAST]) == 0
+    threads = [json.loads((tmp_path / f / "result.json").read_text())["env"]["torch_threads"] for f in ("preset", "two")]
+    assert threads == [1, 2]  # tiny declares 1 CPU: the same count as a sweep's worker
+    assert torch.get_num_threads() == before
+
+
 def test_leaderboard_over_adhoc_runs_and_merged_suites(results, tmp_path, capsys):
     root, _ = results
     for variant in ("softmax", "quest"):

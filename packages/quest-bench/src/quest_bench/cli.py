@@ -155,10 +155,6 @@ def cmd_run(args) -> int:
 
     spec = resolve(spec_from_args(args))
     check_device(args.device)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(int(args.threads))
     out = Path(args.out) if args.out else Path("results") / "adhoc" / f"{spec.task}-{spec.variant}-{spec.run_id}"
     state = prepare_run_folder(out, spec, args.force)
     if state == "finished":
@@ -174,7 +170,7 @@ def cmd_run(args) -> int:
         result = run_distributed(spec, out, args, workers)
     else:
         result = execute(spec, out, device=args.device, data_root=args.data_root, progress=not args.quiet,
-                         checkpoint_every=args.checkpoint_every)
+                         checkpoint_every=args.checkpoint_every, threads=args.threads)
     (out / "spec.json").write_text(json.dumps(spec_record(spec, result), indent=2, sort_keys=True))
     tmp = out / "result.json.tmp"
     tmp.write_text(result.to_json())
@@ -383,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--attention", help="attention variant (default quest; see `quest-bench tasks`)")
     run.add_argument("--preset", choices=PRESETS, help="default tiny")
     run.add_argument("--seed", type=int, help="default 0")
-    run.add_argument("--threads", type=int, help="torch threads (default: torch's; --spec: the recorded count)")
+    run.add_argument("--threads", type=int, help="torch threads (default: the preset's, as in a sweep; --spec: the recorded count)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a task config key")
     run.add_argument("--data-root", help="folder with real datasets (defaults use shipped or generated data)")
     run.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

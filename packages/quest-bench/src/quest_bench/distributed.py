@@ -59,13 +59,12 @@ def worker_loop(config: dict) -> None:
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     spec = RunSpec.from_json(config["spec"])
-    if config.get("threads"):
-        torch.set_num_threads(config["threads"])
     with tempfile.TemporaryDirectory() as scratch:  # workers other than 0 write nothing that is kept
         out_dir = Path(config["out_dir"]) if rank == 0 else Path(scratch)
         result = execute(spec, out_dir, device=config["device"], data_root=config["data_root"],
                          progress=config["progress"] and rank == 0, checkpoint_every=config["checkpoint_every"],
-                         rank=rank, world_size=world, checkpoints=RayTrainCheckpoints(rank))
+                         rank=rank, world_size=world, checkpoints=RayTrainCheckpoints(rank),
+                         threads=config.get("threads"))
     if rank == 0:
         (out_dir / WORKER_RESULT).write_text(result.to_json())
 

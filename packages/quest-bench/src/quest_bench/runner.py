@@ -51,10 +51,11 @@ def faults() -> dict[str, str]:
 
 def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | None = None,
             progress: bool = True, checkpoint_every: int = 0, rank: int = 0, world_size: int = 1,
-            checkpoints=None) -> RunResult:
+            checkpoints=None, threads: int | None = None) -> RunResult:
     """Run one spec in ``out_dir``; every outcome (ok, diverged, failed) comes back as a RunResult, nothing is
     raised. A folder holding a checkpoint of the same spec resumes from it. ``rank``/``world_size``/``checkpoints``:
-    one worker of a data-parallel run (``quest_bench.distributed``); only rank 0 writes to ``out_dir``."""
+    one worker of a data-parallel run (``quest_bench.distributed``); only rank 0 writes to ``out_dir``. ``threads``:
+    torch threads (default: the preset's, ``Resources.torch_threads``, so ``run`` and a sweep compute alike)."""
     import torch
 
     injected = faults()
@@ -70,6 +71,8 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     if injected.get("hang_for_seed") == str(spec.seed):
         time.sleep(3600)
     task = get_task(spec.task)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads or task.resources_for(spec.preset).torch_threads)
     if rank == 0:
         (Path(out_dir) / "error.txt").unlink(missing_ok=True)  # from an earlier attempt in the same folder
     result = RunResult(
@@ -113,6 +116,7 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     if device == "cuda":
         result.cost["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
     result.finished_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    torch.set_num_threads(threads_before)
     return result
 
 

@@ -39,6 +39,11 @@ class Resources:
     num_gpus: float = 0  # per worker
     timeout_s: float = 0.0  # 0 = the preset's default (DEFAULT_TIMEOUT_S)
     workers: int = 1
+    threads: int = 0  # torch threads per worker; 0 = num_cpus (at least 1). Fixed per preset: results depend on it
+
+    @property
+    def torch_threads(self) -> int:
+        return self.threads or max(1, int(self.num_cpus))
 
 
 @dataclass
