@@ -21,8 +21,8 @@ import base64
 import html
 import json
 import math
-import os
 import re
+import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -44,6 +44,16 @@ BASELINE = "softmax"
 LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")  # Markdown links, for the HTML page
 MARGIN_AXIS, STABLE = "lr", "stable"
 CURVE_KEYS = ("loss", "max_logit", "entropy_mean", "k_norm_max", "q_norm_max", "biased_answer_key_norm")
+PALETTE = ("#7f7f7f", "#d9622b", "#3b6fb6", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
+           "#1f77b4", "#ff9896", "#98df8a")  # softmax grey, quest orange, then one colour per registered variant
+
+
+def variant_color(variant: str) -> str:
+    """The colour of a variant in every figure of every leaderboard (by its place in quest_core's registry)."""
+    import quest_core
+
+    names = [BASELINE, "quest", *(v for v in quest_core.list_variants() if v not in (BASELINE, "quest"))]
+    return PALETTE[names.index(variant) % len(PALETTE)] if variant in names else "#000000"
 
 
 def fmt(x: float, digits: int = 3) -> str:
@@ -157,12 +167,17 @@ class TaskBoard:
         return 100 * sum(ratios) / len(ratios) if ratios else float("nan")
 
     def figure_links(self, run_folders: dict[str, Path], folder: Path) -> list[str]:
-        """Markdown links to each variant's per-run figures (first finished run), relative to ``folder``."""
+        """Markdown links to each variant's per-run figures (first finished run), copied into ``folder/run-figures``
+        so that the leaderboard folder keeps working when copied elsewhere."""
         links = []
         for v in self.variants:
             runs = sorted(self.ok(v), key=lambda r: r.seed)
             pngs = sorted(run_folders[runs[0].run_id].glob("*.png")) if runs else []
-            links += [f"[{v}: {p.stem} (seed {runs[0].seed})]({os.path.relpath(p, folder)})" for p in pngs]
+            for png in pngs:
+                copy = Path("run-figures") / f"{runs[0].run_id[:12]}-{slug(png.stem)}.png"
+                (folder / copy).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(png, folder / copy)
+                links.append(f"[{v}: {png.stem} (seed {runs[0].seed})]({copy.as_posix()})")
         return links
 
     def grid_cells(self) -> list[str]:
@@ -235,15 +250,20 @@ def win_rate_possible(boards: list[TaskBoard]) -> tuple[bool, int, int]:
 # ---- figures ----------------------------------------------------------------------------------------------------
 
 def bar_figure(board: TaskBoard, path: Path) -> None:
+    """Each variant's mean (a dot) with its t 95% interval where n ≥ 2; the axis spans the values, not from 0, so
+    that differences of a fraction of a point stay visible."""
     rows = [board.row(v) for v in board.variants]
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(rows), 3.2))
-    means = [r["mean"] for r in rows]
-    errors = [[max(0.0, r["mean"] - r["ci"][0]) if r["n"] >= 2 else 0.0 for r in rows],
-              [max(0.0, r["ci"][1] - r["mean"]) if r["n"] >= 2 else 0.0 for r in rows]]  # no error bar for n < 2
-    colors = ["#888888" if r["variant"] == BASELINE else "#3b6fb6" if r["variant"] != "quest" else "#d9622b" for r in rows]
-    ax.bar([r["variant"] for r in rows], means, yerr=errors, capsize=4, color=colors)
+    for i, r in enumerate(rows):
+        lo, hi = r["ci"] if r["n"] >= 2 else (r["mean"], r["mean"])  # no error bar for n < 2
+        ax.errorbar([i], [r["mean"]], yerr=[[max(0.0, r["mean"] - lo)], [max(0.0, hi - r["mean"])]], fmt="o",
+                    capsize=4, ms=7, color=variant_color(r["variant"]))
+    ax.set_xticks(range(len(rows)), [r["variant"] for r in rows])
+    ax.set_xlim(-0.5, len(rows) - 0.5)
+    ax.margins(y=0.15)
+    ax.grid(axis="y", lw=0.5, alpha=0.5)
     ax.set_ylabel(f"{board.primary} ({'↑' if board.higher else '↓'})")
-    ax.set_title(f"{board.title}: mean, t 95% CI where n ≥ 2", fontsize=9)
+    ax.set_title(f"{board.title}\nmean, t 95% CI (n ≥ 2)", fontsize=9)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -283,7 +303,7 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path) ->
         for variant, by_step in series[key].items():
             steps = sorted(by_step)
             ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=variant,
-                    lw=2.0 if variant in ("quest", BASELINE) else 1.0)
+                    lw=2.0 if variant in ("quest", BASELINE) else 1.0, color=variant_color(variant))
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         if key in ("max_logit", "k_norm_max", "q_norm_max", "biased_answer_key_norm", "loss"):
@@ -314,7 +334,8 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
             xs.append(rate)
             ys.append(mean_std(values)[0])
             unstable.append(not all(r.status == "ok" and r.metrics.get(STABLE) == 1.0 for r in runs))
-        line, = ax.plot(xs, ys, "-", lw=2.0 if variant in ("quest", BASELINE) else 1.0, label=variant)
+        line, = ax.plot(xs, ys, "-", lw=2.0 if variant in ("quest", BASELINE) else 1.0, label=variant,
+                        color=variant_color(variant))
         for x, y, bad in zip(xs, ys, unstable):
             ax.plot(x, y, "o", color=line.get_color(), mfc="white" if bad else line.get_color(), ms=5)
         ax.plot(lost, [top * 1.15] * len(lost), "x", color=line.get_color(), ms=7)
@@ -352,6 +373,78 @@ def mean_cell(mean: float, std: float, n: int, digits: int = 3) -> str:
     return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
 
 
+def summary_table(boards: list[TaskBoard]) -> list[str]:
+    """Tasks × variants: each variant's mean paired difference to softmax on the task's primary metric, with its
+    Holm-corrected p-value and the number of pairs; * where significant after correction."""
+    others = [v for v in variant_order({v for b in boards for v in b.variants}) if v != BASELINE]
+    if not others or not any(BASELINE in b.variants for b in boards):
+        return []
+    lines = ["## Summary: Δ vs softmax", "",
+             f"Mean paired difference of each task's primary metric to `{BASELINE}` (Δ > 0 is better where higher is "
+             "better), its Holm-corrected p-value and the number of pairs n; * = significant at 0.05 after "
+             "correction; — = no pairs. The task sections below give the test used and the per-pair values.", "",
+             "| task | primary | " + " | ".join(others) + " |", "|---|---|" + "---|" * len(others)]
+    for b in boards:
+        deltas = {r["variant"]: r.get("delta") for r in b.rows()}
+        cells = []
+        for v in others:
+            d = deltas.get(v)
+            if not d or not d["n_pairs"]:
+                cells.append("—")
+                continue
+            mark = " *" if d.get("p_holm", math.nan) < 0.05 else ""
+            cells.append(f"{d['mean']:+.3f} (p {d['p_holm']:.2g}, n={d['n_pairs']}){mark}")
+        lines.append(f"| {b.title} | {b.primary} {'↑' if b.higher else '↓'} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def provenance(boards: list[TaskBoard]) -> list[str]:
+    """Where the numbers come from: code versions, dates, packages, machines and total compute."""
+    runs = [r for b in boards for r in b.runs]
+    shas = sorted({f"{r.env.get('git_sha', 'unknown')[:12]}{' (dirty)' if r.env.get('git_dirty') else ''}"
+                   for r in runs})
+    dates = sorted(r.finished_at for r in runs if r.finished_at)
+    packages = defaultdict(set)
+    for r in runs:
+        for name, ver in r.env.get("packages", {}).items():
+            packages[name].add(ver)
+    hosts = sorted({f"{r.env.get('host', '?')} ({r.env.get('device', '?')}, {r.env.get('torch_threads', '?')} threads)"
+                    for r in runs})
+    hours = sum(r.cost.get("wall_s", 0.0) for r in runs) / 3600
+    return ["## Provenance", "",
+            f"- runs: {len(runs)}, finished {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}",
+            f"- code (git): {', '.join(shas)}",
+            "- packages: " + ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(packages.items())),
+            f"- machines: {', '.join(hosts)}",
+            f"- compute: {hours:.2f} run-hours in all (sum of the runs' wall times)", ""]
+
+
+def export_tables(md_text: str, folder: Path) -> list[str]:
+    """Every Markdown table of the page as CSV and JSON (a list of row objects) in ``folder``, named by the section
+    it is in; returns the file names."""
+    import csv
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names, section, table = [], "leaderboard", []
+    for line in [*md_text.splitlines(), ""]:
+        if line.startswith("## "):
+            section = line[3:]
+        if line.startswith("|"):
+            cells = [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
+            if not set("".join(cells)) <= set("-"):
+                table.append(cells)
+            continue
+        if table:
+            name = f"{len(names) // 2 + 1:02d}-{slug(section)[:60]}"
+            header, rows = table[0], table[1:]
+            with open(folder / f"{name}.csv", "w", newline="") as f:
+                csv.writer(f).writerows(table)
+            (folder / f"{name}.json").write_text(json.dumps([dict(zip(header, r)) for r in rows], indent=1))
+            names += [f"{name}.csv", f"{name}.json"]
+            table = []
+    return names
+
+
 def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
              ignored: int = 0, links: dict[str, list[str]] | None = None,
              robust_wins: dict[str, float] | None = None) -> str:
@@ -372,6 +465,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
               "after correction (with n pairs the smallest sign-flip p is 2/2^n, 0.25 at n = 3: fewer than 6 pairs "
               "can never be significant). Diverged and failed runs are counted beside the means and as failures in "
               "success rates.", ""]
+    lines += summary_table(boards)
     possible, needed, most = win_rate_possible(boards)
     if wins and not few and not possible:
         lines += ["## Mean win rate across tasks", "",
@@ -428,6 +522,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         lines += [f"![{name}]({name})" for name in figures.get(b.title, [])] + [""]
         if links and links.get(b.title):
             lines += ["Per-run figures: " + " · ".join(links[b.title]), ""]
+    lines += provenance(boards)
     return "\n".join(lines)
 
 
@@ -455,6 +550,14 @@ def safe_link(match: re.Match) -> str:
     return f'<a href="{target}">{text}</a>'
 
 
+def inline(text: str) -> str:
+    """One line of Markdown as HTML: escaped, `code` spans as <code>, **bold**, relative links as links."""
+    text = html.escape(text.lstrip("> "))
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
+    return LINK.sub(safe_link, text)
+
+
 def to_html(suite: str, md_text: str, folder: Path) -> str:
     """A self-contained page: the Markdown's tables as HTML, images inlined as base64."""
     out, in_table = [], False
@@ -467,7 +570,7 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
             if not in_table:
                 out.append("<table>")
                 in_table = True
-            out.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
+            out.append("<tr>" + "".join(f"<{tag}>{inline(c)}</{tag}>" for c in cells) + "</tr>")
             continue
         if in_table:
             out.append("</table>")
@@ -477,16 +580,16 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
             data = base64.b64encode((folder / name).read_bytes()).decode()
             out.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
         elif line.startswith("## "):
-            out.append(f"<h2>{html.escape(line[3:])}</h2>")
+            out.append(f"<h2>{inline(line[3:])}</h2>")
         elif line.startswith("# "):
-            out.append(f"<h1>{html.escape(line[2:])}</h1>")
+            out.append(f"<h1>{inline(line[2:])}</h1>")
         elif line:
-            out.append("<p>" + LINK.sub(safe_link, html.escape(line)) + "</p>")
+            out.append(f"<p>{inline(line)}</p>")
     if in_table:
         out.append("</table>")
     style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
              "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
-             "th{background:#f3f3f3}img{max-width:100%}")
+             "th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 2px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>QUEST Bench: {html.escape(suite)}</title>"
             f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
 
@@ -532,6 +635,10 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
             figures[b.title].append(f"{stem}-margin.png")
     links = {b.title: b.figure_links(runs.folders, folder) for b in boards}
     md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True))
+    shutil.rmtree(folder / "tables", ignore_errors=True)
+    tables = export_tables(md_text, folder / "tables")
+    md_text += ("\n## Tables as data\n\nEvery table above as CSV and JSON: "
+                + " · ".join(f"[{name}](tables/{name})" for name in tables) + "\n")
     (folder / "README.md").write_text(md_text)
     (folder / "index.html").write_text(to_html(suite, md_text, folder))
     return folder
