@@ -1,6 +1,7 @@
 """Unit tests of the runner's parts: specs, configs, statistics, the store, the context."""
 
 import json
+import re
 import sqlite3
 
 import pytest
@@ -162,3 +163,40 @@ def test_a_rerun_keeps_the_run_s_own_files_and_drops_the_failed_attempt_s_error(
     assert not (folder / "error.txt").exists()
     assert (folder / "events.jsonl").read_text() == '{"step": 1}\n'
     assert [r.status for r in store.load()] == ["ok"]
+
+
+def test_leaderboard_page_summary_provenance_tables_and_a_copyable_folder(tmp_path):
+    import shutil
+
+    from quest_bench.leaderboard import write_leaderboard
+
+    store = Store(tmp_path / "results" / "suite")
+    for seed, (soft, quest) in enumerate([(0.50, 0.61), (0.52, 0.60), (0.48, 0.64)]):
+        for variant, value in (("softmax", soft), ("quest", quest)):
+            spec = RunSpec("lm", variant, "tiny", seed, {}, "x")
+            result = RunResult(run_id=spec.run_id, task="lm", task_version="1", variant=variant, preset="tiny",
+                               seed=seed, overrides={}, status="ok", metrics={"valid_ppl": value},
+                               primary_metric="valid_ppl", higher_is_better=False,
+                               env={"git_sha": "abc123def4567890", "host": "node1", "device": "cpu",
+                                    "torch_threads": 1, "packages": {"torch": "2.11.0"}},
+                               cost={"wall_s": 1800.0}, finished_at=f"2026-12-0{seed + 1}T00:00:00+00:00")
+            store.write(spec, result)
+            (store.run_dir(spec.run_id) / "attention.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # a per-run figure
+    folder = write_leaderboard(store, "suite")
+    md = (folder / "README.md").read_text()
+    summary = md[md.index("## Summary: Δ vs softmax"):md.index("## lm (tiny)")]
+    assert "| lm (tiny) | valid_ppl ↓ | +0.117 (p 0.25, n=3) |" in summary  # quest - softmax, 3 pairs: p = 2/8
+    assert "code (git): abc123def456" in md and "compute: 3.00 run-hours" in md and "node1 (cpu, 1 threads)" in md
+    assert "finished 2026-12-01T00:00:00+00:00 to 2026-12-03T00:00:00+00:00" in md
+    tables = sorted(p.name for p in (folder / "tables").iterdir())
+    assert tables == ["01-Summary_vs_softmax.csv", "01-Summary_vs_softmax.json", "02-lm_tiny.csv", "02-lm_tiny.json"]
+    rows = json.loads((folder / "tables" / "02-lm_tiny.json").read_text())
+    assert [r["variant"] for r in rows] == ["softmax", "quest"] and rows[1]["n"] == "3"
+    page = (folder / "index.html").read_text()
+    assert "`" not in page and "<code>valid_ppl</code>" in page
+    copied = tmp_path / "elsewhere"
+    shutil.copytree(folder, copied)
+    shutil.rmtree(tmp_path / "results")  # the run folders are gone: the copied page must not need them
+    links = [line for line in (copied / "README.md").read_text().splitlines() if line.startswith("Per-run figures")]
+    targets = re.findall(r"\]\(([^)]+)\)", links[0])
+    assert targets and all((copied / t).is_file() for t in targets)
