@@ -6,8 +6,8 @@ PYTHON ?= python3
 UV_VERSION := 0.13.9
 UV := .tools/bin/uv
 VENV_PY := .venv/bin/python
-# Debian packages the default data of some tasks needs: espeak-ng synthesizes the speech tasks' default data.
-APT_PACKAGES := espeak-ng
+# Debian packages: espeak-ng synthesizes the speech tasks' default data; chromium-headless-shell checks the leaderboard page.
+APT_PACKAGES := espeak-ng chromium-headless-shell
 
 .PHONY: main test test-fast bench setup apt
 

@@ -200,3 +200,26 @@ def test_leaderboard_page_summary_provenance_tables_and_a_copyable_folder(tmp_pa
     links = [line for line in (copied / "README.md").read_text().splitlines() if line.startswith("Per-run figures")]
     targets = re.findall(r"\]\(([^)]+)\)", links[0])
     assert targets and all((copied / t).is_file() for t in targets)
+
+
+@pytest.mark.slow
+def test_the_leaderboard_page_passes_a_real_headless_browser_and_the_check_catches_faults(tmp_path):
+    from quest_bench.leaderboard import write_leaderboard
+    from quest_bench.pagecheck import check_page
+
+    store = Store(tmp_path / "results" / "suite")
+    for seed in range(2):
+        for variant, value in (("softmax", 0.5 + 0.01 * seed), ("quest", 0.6)):
+            spec = RunSpec("spurious", variant, "tiny", seed, {}, "x")
+            result = make_result(spec.run_id, variant, value=value)
+            result.seed = seed
+            store.write(spec, result)
+    assert check_page(write_leaderboard(store, "suite") / "index.html") == []
+    bad = tmp_path / "bad" / "index.html"
+    bad.parent.mkdir()
+    bad.write_text("<!doctype html><html><head><title>x</title></head><body><p>a `tick`</p>"
+                   "<img alt='gone.png' src='gone.png'><a href='gone.csv'>t</a><script>nope();</script></body></html>")
+    problems = check_page(bad)
+    assert "image did not load: gone.png" in problems and "broken link: gone.csv" in problems
+    assert "literal Markdown backticks in the rendered text" in problems
+    assert any("ReferenceError" in p for p in problems)
