@@ -14,6 +14,7 @@ APT_PACKAGES := espeak-ng chromium-headless-shell
 main: setup
 	.venv/bin/quest-bench sweep --suite smoke
 	.venv/bin/quest-bench leaderboard --suite smoke
+	$(VENV_PY) -m quest_bench.pagecheck results/smoke/leaderboard/index.html
 
 test: setup
 	$(VENV_PY) -m pytest -q
