@@ -1,6 +1,6 @@
 """Tests of the det3d task: the simulated dataset through the official devkit (ground truth submitted as predictions
 scores AP 1), box coding and frame conversions, the pillar encoder, augmentation, corruptions, the real-layout
-loader on a fixture tree, and a tiny run that learns."""
+loader on a fixture tree, a tiny run that resumes bitwise after an interruption, and a tiny run that learns."""
 
 import math
 import shutil
@@ -234,6 +234,25 @@ def test_detector_output_shapes_and_variants():
         assert heat.shape == (2, 6, 32, 32) and code.shape == (2, 10, 32, 32)
         outputs[variant] = heat
     assert not torch.allclose(outputs["softmax"], outputs["quest"])  # same weights, different attention
+
+
+def test_an_interrupted_run_resumes_bitwise(sim, tmp_path, monkeypatch):
+    from quest_det3d.experiment import run
+    from quest_det3d.task import Det3dTask
+    from quest_sdk.testing import straight_and_resumed
+
+    monkeypatch.setattr(D, "CACHE", sim[0].parent.parent)  # the module's simulated dataset, built once
+    # 32 training samples in batches of 4: 8 steps, checkpoints at 4 and 8, stopped at 6; a narrow model on a
+    # 8 m grid, augmentation on (it draws from the step's generator, so it must resume too), no corruptions
+    cfg = Det3dTask().make_config("tiny", {"sim_samples": SAMPLES, "sweeps": 1, "extent": 8.0, "width": 8,
+                                           "pillar_width": 8, "dim": 16, "depth": 1, "num_heads": 2, "epochs": 1,
+                                           "augment": True, "top_k": 20, "severities": "", "figure_samples": 0,
+                                           "log_every": 1})
+    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=4, crash_step=6)
+    assert step == 4 and resumed == straight
+    assert {"NDS", "mAP", "final_max_logit"} <= straight.keys()
+    rows = [(tmp_path / run_dir / "events.jsonl").read_text() for run_dir in ("straight", "resumed")]
+    assert rows[0] == rows[1] and '"heatmap_loss"' in rows[0] and '"code_loss"' in rows[0]
 
 
 @pytest.mark.slow

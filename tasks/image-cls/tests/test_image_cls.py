@@ -190,9 +190,11 @@ def test_an_interrupted_run_resumes_bitwise(tmp_path):
     from quest_image_cls.experiment import run
     from quest_sdk.testing import straight_and_resumed
 
-    # one epoch of 4 batches (4,000 digits / 1,000), a narrow model, small evaluation subsets: a few seconds a run
+    # one epoch of 4 batches (4,000 digits / 1,000), a narrow model, small evaluation subsets: a few seconds a run;
+    # the random shift (the step's generator) and mixup/cutmix (numpy's global RNG, checkpointed) on, to resume too
     cfg = ImageClsTask().make_config("tiny", {"epochs": 1, "batch_size": 1000, "embed_dim": 16, "depth": 2,
-                                              "num_heads": 2, "eval_samples": 100, "adv_samples": 8,
+                                              "num_heads": 2, "shift_pixels": 2, "mixup": 0.8, "cutmix": 1.0,
+                                              "label_smoothing": 0.1, "eval_samples": 100, "adv_samples": 8,
                                               "corruption_samples": 10, "pgd_steps": 1, "figure_images": 1,
                                               "log_every": 1})
     straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=2, crash_step=3)

@@ -226,3 +226,22 @@ def test_a_tiny_run_learns_and_reports_robustness(tmp_path, model_name):
     assert m["test_acc"] > 3 / 15 and m["mean_class_acc"] > 3 / 15  # chance is 1/15
     assert {f"corruption_error/{c}" for c in CORRUPTIONS} <= set(m) and 0 < m["corrupted_acc"] < 1
     assert "final_max_logit" in m and len((tmp_path / "run" / "events.jsonl").read_text().splitlines()) >= 10
+
+
+
+def test_an_interrupted_run_resumes_bitwise(tmp_path):
+    from quest_points.experiment import run
+    from quest_points.task import PointsTask
+    from quest_sdk.testing import straight_and_resumed
+
+    # one epoch of 5 batches of 128 (695 clouds), a narrow global model on 32 points, a small corruption subset;
+    # subsampling and augmentation (the step's generator) and the global RNG (none used by this model) resume.
+    # The local model trains through the same loop (only the network differs): not repeated here, it is slower
+    cfg = PointsTask().make_config("tiny", {"epochs": 1, "batch_size": 128, "global_points": 32, "groups": 4,
+                                            "group_size": 8, "point_width": 8, "dim": 16, "depth": 1, "num_heads": 2,
+                                            "corruption_samples": 8, "log_every": 1})
+    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=2, crash_step=3)
+    assert step == 2 and resumed == straight
+    assert {"test_acc", "mean_class_acc", "corrupted_acc", "final_max_logit"} <= straight.keys()
+    rows = [(tmp_path / run_dir / "events.jsonl").read_text() for run_dir in ("straight", "resumed")]
+    assert rows[0] == rows[1]  # the row of step 3 logged again after the resume, not doubled

@@ -194,3 +194,28 @@ def test_a_missing_synthesizer_is_reported_with_the_install_command(monkeypatch)
     monkeypatch.setattr(synth.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="apt-get install espeak-ng"):
         synth.synthesize("yes", "en-us", "f3", 160, 50)
+
+
+@pytest.mark.parametrize("task", ["speech-commands", "asr"])
+def test_an_interrupted_run_resumes_bitwise(tmp_path, monkeypatch, task):
+    from quest_sdk.testing import straight_and_resumed
+    from quest_speech import experiment
+    from quest_speech.task import AsrTask, SpeechCommandsTask
+
+    monkeypatch.setattr(D, "CACHE", tmp_path / "cache")  # synthesized once by the first run, read by the others
+    # one epoch of 5 batches of 12 (keywords: 2 per word) or 8 (40 sentences), a one-layer Conformer of width 16,
+    # small evaluation sets: SpecAugment and dropout (the global generator, checkpointed) and the narrow-band
+    # augmentation (the step's generator) on, so that they resume too
+    small = {"epochs": 1, "dim": 16, "num_heads": 2, "ffn_dim": 32, "num_layers": 1, "kernel_size": 3, "n_mels": 16,
+             "narrowband": 0.5, "perturb_samples": 3, "log_every": 1}
+    if task == "asr":
+        run, cfg = experiment.run_asr, AsrTask().make_config("tiny", {**small, "train_sentences": 40,
+                                                                      "test_sentences": 4, "batch_size": 8})
+    else:
+        run, cfg = experiment.run_speech_commands, SpeechCommandsTask().make_config(
+            "tiny", {**small, "train_per_word": 2, "test_per_word": 1, "batch_size": 12})
+    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=2, crash_step=3)
+    assert step == 2 and resumed == straight
+    assert {"corrupted_acc" if task != "asr" else "corrupted_char_acc", "final_max_logit"} <= straight.keys()
+    rows = [(tmp_path / run_dir / "events.jsonl").read_text() for run_dir in ("straight", "resumed")]
+    assert rows[0] == rows[1]  # the row of step 3 logged again after the resume, not doubled

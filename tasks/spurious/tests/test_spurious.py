@@ -47,3 +47,42 @@ def test_model_forward_shapes_and_key_norms():
     x_k, x_v = torch.randn(5, 16, 8), torch.nn.functional.one_hot(torch.randint(8, (5, 16)), 8).float()
     assert model(x_k, x_v).shape == (5, 8)
     assert model.keys(x_k).shape == (5, 16, 16)
+
+
+def test_a_short_run_learns_the_shortcut_and_logs_key_norms(tmp_path):
+    import json
+
+    from quest_sdk.task import RunContext
+    from quest_spurious.experiment import run
+    from quest_spurious.task import SpuriousTask
+
+    task = SpuriousTask()
+    cfg = task.make_config("tiny", {"steps": 150, "warmup_steps": 10, "lr": 0.01, "eval_samples": 1000,
+                                    "log_every": 50})
+    torch.manual_seed(0)
+    ctx = RunContext(tmp_path, "softmax", seed=0, progress=False)
+    try:
+        m = run(cfg, ctx).metrics
+    finally:
+        ctx.close()
+    assert m["biased_acc"] > 0.9  # the shortcut is learned within 150 steps
+    assert m["uniform_unbiased_acc"] < m["success_threshold"] < m["bayes_unbiased_acc"]
+    assert m["robust_fraction"] == (m["unbiased_acc"] - m["uniform_unbiased_acc"]) / (
+        m["bayes_unbiased_acc"] - m["uniform_unbiased_acc"])
+    rows = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 51, 101, 150]
+    for row in rows:
+        assert {"loss", "lr", "grad_norm", "max_logit", "biased_answer_key_norm", "other_key_norm"} <= row.keys()
+    assert rows[-1]["lr"] == 0.0  # cosine to 0 at the last step
+    # the lazy solution of free keys: the biased answer tokens' keys grow louder than the others
+    assert rows[-1]["biased_answer_key_norm"] > 2 * rows[-1]["other_key_norm"]
+
+
+def test_an_interrupted_run_resumes_bitwise(tmp_path):
+    from quest_sdk.testing import straight_and_resumed
+    from quest_spurious.experiment import run
+    from quest_spurious.task import SpuriousTask
+
+    cfg = SpuriousTask().make_config("tiny", {"steps": 12, "warmup_steps": 2, "eval_samples": 200, "log_every": 3})
+    straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=4, crash_step=7)
+    assert step == 4 and resumed == straight

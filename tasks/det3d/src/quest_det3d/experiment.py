@@ -154,12 +154,12 @@ def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classe
                                             warmup_steps=int(cfg.warmup_epochs * per_epoch), grad_clip=cfg.grad_clip,
                                             amp=cfg.amp, log_every=cfg.log_every), "det3d")
     sampler = trainer.epoch_batches(len(samples), cfg.batch_size)
+    grid = model.grid  # the target geometry; the network itself is only called through loss_fn's ``net``
 
     def loss_fn(net, batch, rng):
         if cfg.augment:
             batch = [(*augment(points, boxes, rng), labels) for points, boxes, labels in batch]
-        targets = encode([b for _, b, _ in batch], [lab for _, _, lab in batch], num_classes,
-                         model.grid).to(trainer.device)
+        targets = encode([b for _, b, _ in batch], [lab for _, _, lab in batch], num_classes, grid).to(trainer.device)
         heat, code = net([p.to(trainer.device) for p, _, _ in batch])
         heat_loss, code_loss = focal_loss(heat, targets.heatmap), regression_loss(code, targets, cfg.velocity_weight)
         return heat_loss + 0.25 * code_loss, {"heatmap_loss": heat_loss, "code_loss": code_loss}

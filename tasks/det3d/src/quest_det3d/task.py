@@ -1,6 +1,9 @@
 """quest-bench task ``det3d``: LiDAR 3D object detection (pillars -> BEV transformer with a quest-core attention
 variant -> CenterPoint head) on nuScenes-format data, scored by the official devkit's ``DetectionEval`` (mAP, NDS,
-TP errors) on the validation split, clean and under Robo3D-style LiDAR corruptions (NDS per corruption)."""
+TP errors) on the validation split, clean and under Robo3D-style LiDAR corruptions (NDS per corruption).
+
+Version 2: trains through the shared engine (quest_sdk.engine): the same optimiser and schedule, the engine's
+shuffled epochs and per-step augmentation generators, checkpoints with bitwise resume."""
 
 from __future__ import annotations
 

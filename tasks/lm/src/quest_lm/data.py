@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from quest_sdk.data import require_data_root
+
 SHIPPED = Path(__file__).parent / "data"
 SPLITS = ("train", "valid", "test")
 EOS, UNK = "<eos>", "<unk>"
@@ -46,12 +48,11 @@ def find_wikitext(data_root: str | None, dataset: str) -> Path:
         return SHIPPED
     if dataset not in ("wikitext-2", "wikitext-103"):
         raise ValueError(f"unknown dataset {dataset!r}; valid: wikitext-mini (shipped), wikitext-2, wikitext-103")
-    if not data_root:
-        raise ValueError(f"dataset {dataset!r} is read from --data-root; none given")
-    for folder in (Path(data_root) / dataset, Path(data_root)):
+    root = require_data_root(data_root, dataset)
+    for folder in (root / dataset, root):
         if any((folder / f"wiki.train.tokens{ext}").exists() for ext in ("", ".xz")):
             return folder
-    raise FileNotFoundError(f"{dataset}: no wiki.train.tokens in {Path(data_root) / dataset} or {data_root}")
+    raise FileNotFoundError(f"{dataset}: no wiki.train.tokens in {root / dataset} or {root}")
 
 
 class WordVocab:

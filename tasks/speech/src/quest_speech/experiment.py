@@ -33,7 +33,7 @@ def run_speech_commands(cfg: KeywordConfig, ctx) -> TaskOutput:
     def loss_fn(net, wave, lengths, targets):
         return F.cross_entropy(net(wave, lengths), torch.as_tensor(targets, device=device))
 
-    steps = train(model, loss_fn, train_set, cfg, ctx)
+    steps = train(model, loss_fn, train_set, cfg, ctx, "speech-commands")
     metrics = {"test_acc": keyword_accuracy(model, test_set, device),
                "real_digits_acc": keyword_accuracy(model, D.asterisk_digits(), device)}
     if cfg.perturb_samples:
@@ -62,7 +62,7 @@ def run_asr(cfg: AsrConfig, ctx) -> TaskOutput:
         return F.ctc_loss(log_probs_btv.transpose(0, 1), torch.cat(targets).to(device), n_b,
                           torch.tensor([len(t) for t in targets], device=device), zero_infinity=True)
 
-    steps = train(model, loss_fn, train_set, cfg, ctx)
+    steps = train(model, loss_fn, train_set, cfg, ctx, "asr")
     cer, wer = error_rates(model, test_set, device)
     real_cer, real_wer = error_rates(model, D.librivox(), device)
     metrics = {"test_cer": cer, "test_wer": wer, "real_cer": real_cer, "real_wer": real_wer}
@@ -93,14 +93,14 @@ def pad_batch(audio: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Te
     return torch.nn.utils.rnn.pad_sequence(audio, batch_first=True).to(device), lengths.to(device)
 
 
-def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx) -> int:
+def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx, desc: str) -> int:
     """The shared engine over shuffled epochs, with gradient clipping and the optional narrow-band augmentation
     (from the step's generator); ``loss_fn(model, wave, lengths, targets)``. Returns the steps run."""
     per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, "training utterances")
     steps = cfg.epochs * per_epoch
     trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                             warmup_steps=max(1, int(cfg.warmup_frac * steps)),
-                                            grad_clip=cfg.grad_clip, log_every=cfg.log_every), "speech")
+                                            grad_clip=cfg.grad_clip, log_every=cfg.log_every), desc)
 
     def step_loss(net, idx, rng):
         wave, lengths = pad_batch([train_set.audio[j] for j in idx], trainer.device)
