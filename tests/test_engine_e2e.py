@@ -104,3 +104,13 @@ def test_runs_on_a_storage_uri_mirror_their_folder_and_resume_from_it(tmp_path):
     assert (folder / "events.jsonl").read_text() == (mirrored / "events.jsonl").read_text()
     bad = quest_bench("sweep", "--suite", suite, "--results", tmp_path / "other", "--storage", "nope://x")
     assert bad.returncode == 2 and "--storage nope://x: pyarrow cannot open it" in bad.stderr
+
+
+def test_a_ray_train_run_whose_workers_die_too_often_is_a_failed_result(tmp_path):
+    marker = tmp_path / "crashed"
+    proc = run("lm", tmp_path / "run", "--workers", "2", "--max-failures", "0", "--checkpoint-every", "4",
+               faults=f"crash_at_step=6,crash_once={marker}", timeout=900)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    outcome = result(tmp_path / "run")
+    assert outcome["status"] == "failed" and outcome["reason"].startswith("Ray Train: ")
+    assert "Traceback" in (tmp_path / "run" / "error.txt").read_text()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import traceback
 from pathlib import Path
 
 import torch
@@ -51,7 +52,8 @@ class RayTrainCheckpoints:
 
 
 def worker_loop(config: dict) -> None:
-    """Ray Train's per-worker function: run the spec as worker ``rank`` of the group, report the result."""
+    """Ray Train's per-worker function: run the spec as worker ``rank`` of the group; worker 0 leaves the result
+    in the run folder for ``execute_distributed``."""
     import ray.train
 
     from quest_bench.runner import execute
@@ -92,9 +94,15 @@ def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str 
                              worker_runtime_env={"env_vars": _worker_env()}),
     )
     (out_dir / WORKER_RESULT).unlink(missing_ok=True)
-    outcome = trainer.fit()
-    if outcome.error is not None:
-        raise outcome.error
+    try:
+        outcome = trainer.fit()
+        if outcome.error is not None:
+            raise outcome.error
+    except Exception as err:  # workers died more often than max_failures allows, or Ray Train itself failed
+        from quest_bench.sweep import failed_result
+
+        (out_dir / "error.txt").write_text(traceback.format_exc())
+        return failed_result(spec, f"Ray Train: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     handed = out_dir / WORKER_RESULT
     result = RunResult.from_dict(json.loads(handed.read_text()))
     handed.unlink()
