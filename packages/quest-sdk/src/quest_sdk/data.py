@@ -45,3 +45,35 @@ def require_data_root(data_root: str | None, dataset: str) -> Path:
     if not data_root:
         raise ValueError(f"dataset {dataset!r} is read from --data-root; none given")
     return Path(data_root)
+
+
+def stratified_subset(labels, n: int, seed: int):
+    """Indices (sorted, int64 tensor) of ``n`` examples balanced over the classes in ``labels`` and drawn at random
+    within each class (seeded), for evaluations too costly to run on the whole test set (attacks, corruptions).
+
+    Each class gets ``n // classes`` examples, the remainder going to randomly chosen classes; a class with fewer
+    examples gives all it has and the others fill up to ``n``. ``n <= 0`` or ``n >= len(labels)`` keeps everything.
+    A first-``n`` slice of a class-sorted test set would instead evaluate only the first classes.
+    """
+    import torch
+
+    labels = torch.as_tensor(labels).reshape(-1)
+    if n <= 0 or n >= len(labels):
+        return torch.arange(len(labels))
+    gen = torch.Generator().manual_seed(seed)
+    classes = labels.unique()
+    pools = [torch.nonzero(labels == c).flatten() for c in classes]
+    pools = [pool[torch.randperm(len(pool), generator=gen)] for pool in pools]
+    order = torch.randperm(len(pools), generator=gen).tolist()  # who gets the remainder, and fills up first
+    take = [0] * len(pools)
+    remaining = n
+    while remaining:  # round-robin: one more from each class that still has examples
+        progressed = False
+        for i in order:
+            if remaining and take[i] < len(pools[i]):
+                take[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            break
+    return torch.cat([pool[:k] for pool, k in zip(pools, take)]).sort().values

@@ -66,6 +66,9 @@ class Task(abc.ABC):
     version: ClassVar[str]  # bump when results can change; part of every run_id
     primary_metric: ClassVar[str]
     higher_is_better: ClassVar[bool] = True
+    # The primary metric measured on a validation split (same direction): what a ``-tuned`` suite selects each
+    # variant's configuration by, so that the reported test metric is not the one it was chosen on.
+    validation_metric: ClassVar[str] = ""
     leaderboard_metrics: ClassVar[dict[str, bool]] = {}  # extra metrics -> higher is better (robustness etc.)
     config_class: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, Any]]]
