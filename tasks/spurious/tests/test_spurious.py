@@ -86,3 +86,34 @@ def test_an_interrupted_run_resumes_bitwise(tmp_path):
     cfg = SpuriousTask().make_config("tiny", {"steps": 12, "warmup_steps": 2, "eval_samples": 200, "log_every": 3})
     straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=4, crash_step=7)
     assert step == 4 and resumed == straight
+
+
+def test_the_norm_design_puts_the_signal_only_in_the_key_norm():
+    """design=norm: isotropic Σ (every dim scaled) and a linear key map. The Bayes reader still beats the uniform
+    one, and the answer keys differ from the others in norm but not in mean direction."""
+    from quest_spurious.task import SpuriousTask
+
+    cfg = SpuriousTask().make_config("tiny", {"design": "norm", "signal_var": 3.0})
+    data = cfg.data()
+    torch.testing.assert_close(data.sigma_diag(), torch.full((cfg.key_dim,), 3.0))
+    x_k, x_v, label, pos, _ = data.sample(8000, torch.Generator().manual_seed(2), biased=False)
+    assert data.bayes_accuracy(x_k, x_v, label) > data.uniform_accuracy(x_v, label) + 0.1
+    model = ProbeModel("quest", cfg.key_dim, cfg.num_values, linear_keys=True)
+    assert isinstance(model.key_net, torch.nn.Linear)
+    keys = model.keys(x_k).detach()
+    rows = torch.arange(len(pos))
+    answer, other = keys[rows, pos], keys[rows, (pos + 1) % cfg.seq_len]
+    assert answer.norm(dim=-1).mean() > 1.5 * other.norm(dim=-1).mean()
+    unit = torch.nn.functional.normalize
+    assert (unit(answer, dim=-1).mean(0) - unit(other, dim=-1).mean(0)).norm() < 0.05
+
+
+def test_every_variant_starts_at_the_same_inverse_temperature():
+    """‖q‖ at init defaults to sqrt(head_dim), the value qknorm's scale g starts at."""
+    from quest_spurious.task import SpuriousTask
+
+    cfg = SpuriousTask().make_config("tiny", {})
+    assert cfg.initial_query_norm == cfg.head_dim ** 0.5 == 4.0
+    model = ProbeModel("qknorm", cfg.key_dim, cfg.num_values, cfg.head_dim, query_init_norm=cfg.initial_query_norm)
+    gain = dict(model.kernel.named_parameters())["q_gain"]
+    torch.testing.assert_close(model.query.norm(), gain.detach().reshape(()))

@@ -5,10 +5,13 @@ One answer token sits at a uniformly random position L; the label is its value x
 x^k ~ N(0, I) and uniformly random values (distractors).
 
 - Unbiased sample: x_L^k ~ N(0, Σ), Σ = diag(signal_var on the first signal_dims dims, 1 elsewhere). The
-  covariance difference is the robust signal: it holds in every sample, but finding it needs a key that is
-  nonlinear in x^k (a linear key's logit has mean 0 under both distributions).
+  covariance difference is the robust signal; finding it needs a key that is nonlinear in x^k (a linear key's
+  logit has mean 0 under both distributions) or, when Σ is isotropic (signal_dims = key_dim), a key whose *norm*
+  the attention sees. It is in the unbiased samples only.
 - Biased sample (probability p_biased): x_L^k ~ N(b, bias_var · I) with one vector b shared by all biased
   samples: an easy shortcut that holds for about half the data. b is fixed by ``data_seed``, not the run seed.
+  Biased samples carry no covariance signal (their answer token is not drawn from N(0, Σ)), so the robust reader
+  cannot find the answer in them: only the shortcut can.
 
 ``bayes_accuracy`` is the accuracy of the Bayes-optimal reader of unbiased samples (exact posterior over the
 answer position from the Gaussian likelihood ratio): the ceiling. ``uniform_accuracy`` is the accuracy of a

@@ -16,7 +16,8 @@ def run(cfg: SpuriousConfig, ctx) -> TaskOutput:
     torch.set_num_threads(1)
     device = torch.device(ctx.device)
     data = cfg.data()
-    model = ProbeModel(ctx.variant, cfg.key_dim, cfg.num_values, cfg.head_dim, cfg.hidden, cfg.query_init_norm)
+    model = ProbeModel(ctx.variant, cfg.key_dim, cfg.num_values, cfg.head_dim, cfg.hidden, cfg.initial_query_norm,
+                       linear_keys=cfg.design == "norm")
     model = model.to(device)
     eval_gen = torch.Generator().manual_seed(EVAL_SEED)
     unbiased = [t.to(device) for t in data.sample(cfg.eval_samples, eval_gen, biased=False)]
@@ -45,9 +46,12 @@ def run(cfg: SpuriousConfig, ctx) -> TaskOutput:
     floor = data.uniform_accuracy(unbiased[1], unbiased[2])
     bayes = data.bayes_accuracy(unbiased[0], unbiased[1], unbiased[2])
     threshold = floor + cfg.success_fraction * (bayes - floor)
+    fraction = (unbiased_acc - floor) / (bayes - floor)
     metrics = {
         "robust_success": float(unbiased_acc >= threshold),
-        "robust_fraction": (unbiased_acc - floor) / (bayes - floor),
+        "robust_success_75": float(fraction >= 0.75),
+        "robust_success_90": float(fraction >= 0.9),
+        "robust_fraction": fraction,
         "unbiased_acc": unbiased_acc,
         "biased_acc": accuracy(model, biased),
         "bayes_unbiased_acc": bayes,

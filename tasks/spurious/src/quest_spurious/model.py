@@ -1,6 +1,7 @@
 """The probe model: one attention read-out with a learned query over keys from a small nonlinear key network.
 
-    k_j = W2 · gelu(W1 · x_j^k)        (keys must be nonlinear in x^k to see a covariance difference)
+    k_j = W2 · gelu(W1 · x_j^k)        (keys must be nonlinear in x^k to see a covariance difference;
+                                        ``linear_keys``: k_j = W · x_j^k, for the norm-only design)
     a   = attention(q, k, x^v)          (q: one learned query vector; the variant decides how q, k are used)
     ŷ   = W_out · a                     (logits over the C values)
 
@@ -17,9 +18,12 @@ from quest_core import AttentionKernel, link_elliptical
 
 class ProbeModel(nn.Module):
     def __init__(self, variant: str, key_dim: int, num_values: int, head_dim: int = 16, hidden: int = 32,
-                 query_init_norm: float = 1.0):
+                 query_init_norm: float = 4.0, linear_keys: bool = False):
         super().__init__()
-        self.key_net = nn.Sequential(nn.Linear(key_dim, hidden), nn.GELU(), nn.Linear(hidden, head_dim))
+        if linear_keys:
+            self.key_net = nn.Linear(key_dim, head_dim, bias=False)  # no bias: key direction carries no signal
+        else:
+            self.key_net = nn.Sequential(nn.Linear(key_dim, hidden), nn.GELU(), nn.Linear(hidden, head_dim))
         query = torch.randn(head_dim)
         self.query = nn.Parameter(query / query.norm() * query_init_norm)  # ‖q‖ is QUEST's initial temperature
         self.kernel = AttentionKernel(variant, num_heads=1, head_dim=head_dim)
