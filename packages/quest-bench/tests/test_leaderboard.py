@@ -88,3 +88,33 @@ def test_a_binary_primary_gets_success_rates_with_wilson_intervals_and_mcnemar(t
     assert "| 5/6 [0.44, 0.97] |" in quest and "+3/−0 discordant; McNemar p=0.25" in quest and "| 1 | 0 |" in quest
     assert "| 2/6 [0.10, 0.70] |" in next(line for line in md.splitlines() if line.startswith("| softmax |")
                                           and "/6 [" in line)
+
+
+def test_binary_extras_and_the_per_cell_table_pair_with_softmax(tmp_path):
+    """Two grid cells × 3 seeds; a second binary metric (a stricter threshold) and a continuous score. Counts and
+    exact tests are checked by hand: in cell lr=0.1 quest succeeds on seeds 0-2 where softmax succeeds on seed 0
+    only (2 discordant pairs: McNemar p = 0.5); its score beats softmax's by +0.5 on every seed (sign-flip p = 2/8)."""
+    store = Store(tmp_path / "cells")
+    for lr in (0.1, 0.01):
+        for seed in range(3):
+            for variant in ("softmax", "quest"):
+                win = variant == "quest" or seed == 0
+                strict = variant == "quest" and lr == 0.1 and seed < 2
+                score = (0.8 if variant == "quest" else 0.3) if lr == 0.1 else 0.4
+                spec = RunSpec("spurious", variant, "tiny", seed, {"lr": lr}, "x")
+                store.write(spec, RunResult(
+                    run_id=spec.run_id, task="spurious", task_version="1", variant=variant, preset="tiny", seed=seed,
+                    overrides={"lr": lr}, status="ok", primary_metric="robust_success",
+                    metric_directions={"robust_success": True, "robust_success_90": True, "robust_fraction": True,
+                                       "biased_acc": True},
+                    metrics={"robust_success": float(win), "robust_success_90": float(strict),
+                             "robust_fraction": score, "biased_acc": 0.99}))
+    md = (write_leaderboard(store, "cells") / "README.md").read_text()
+    lines = md.splitlines()
+    pooled = next(line for line in lines if line.startswith("| quest | 6 |"))
+    assert "| 2/6 (+2/−0, p=0.5) |" in pooled  # robust_success_90 over both cells, paired with softmax's 0/6
+    assert "mean `robust_fraction`" in md  # the continuous score closest in name to the primary
+    cells = [line for line in lines if line.startswith("| lr=")]
+    assert [c.split(" | ")[0] for c in cells] == ["| lr=0.01"] * 2 + ["| lr=0.1"] * 2  # numeric order
+    quest_01 = next(c for c in cells if c.startswith("| lr=0.1 | quest"))
+    assert quest_01 == "| lr=0.1 | quest | 3/3 (+2/−0, p=0.5) | 2/3 (+2/−0, p=0.5) | 0.80 (+0.50, p=0.25) |"

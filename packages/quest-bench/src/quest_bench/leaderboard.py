@@ -21,6 +21,7 @@ import base64
 import html
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -103,8 +104,20 @@ class TaskBoard:
     @property
     def binary(self) -> bool:
         """Whether the primary metric is a 0/1 outcome (then rates, Wilson intervals and McNemar tests are used)."""
-        values = [r.metrics[self.primary] for r in self.runs if r.status == "ok" and self.primary in r.metrics]
+        return self.is_binary(self.primary)
+
+    def is_binary(self, metric: str) -> bool:
+        values = [r.metrics[metric] for r in self.runs if r.status == "ok" and metric in r.metrics]
         return bool(values) and all(v in (0.0, 1.0) for v in values)
+
+    def successes(self, variant: str, metric: str) -> dict[str, bool]:
+        """A binary metric per pair key; diverged and failed runs count as failures."""
+        return {k: v == 1.0 for k, v in self.outcomes(variant, metric).items()}
+
+    def in_cell(self, cell: str) -> "TaskBoard":
+        """The board of one grid cell's runs (its overrides as JSON, as ``grid_cells`` gives them)."""
+        return TaskBoard(self.task, self.preset,
+                         [r for r in self.runs if json.dumps(r.overrides, sort_keys=True) == cell])
 
     def outcomes(self, variant: str, metric: str) -> dict[str, float]:
         """Every run's value by pair key, NaN for a diverged or failed run (a result: it ranks worst, counts as a
@@ -181,7 +194,12 @@ class TaskBoard:
         return links
 
     def grid_cells(self) -> list[str]:
-        return sorted({json.dumps(r.overrides, sort_keys=True) for r in self.runs if r.overrides})
+        """The distinct overrides of the runs as JSON, in numeric order of their values."""
+        def order(cell: str) -> list:
+            return [(k, isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v))
+                    for k, v in sorted(json.loads(cell).items())]
+
+        return sorted({json.dumps(r.overrides, sort_keys=True) for r in self.runs if r.overrides}, key=order)
 
     def margin_rates(self) -> list[float]:
         """The swept learning rates, if this board has a stability-margin section (else [])."""
@@ -369,6 +387,46 @@ def delta_text(delta: dict | None, binary: bool) -> str:
     return f"{delta['mean']:+.3f} [{delta['ci_low']:+.3f}, {delta['ci_high']:+.3f}] (n={n}; sign-flip {tests}){mark}"
 
 
+def success_cell(b: TaskBoard, variant: str, metric: str) -> str:
+    """k/n successes of a binary metric; for a variant other than softmax also the exact McNemar p-value against
+    softmax on the same pairs (uncorrected)."""
+    ours = b.successes(variant, metric)
+    text = f"{sum(ours.values())}/{len(ours)}"
+    if variant == BASELINE or BASELINE not in b.by_variant:
+        return text
+    m = mcnemar_exact(ours, b.successes(BASELINE, metric))
+    return f"{text} (+{m['ours_only']}/−{m['base_only']}, p={m['p']:.2g})" if m["n_pairs"] else text
+
+
+def cell_success_table(b: TaskBoard) -> list[str]:
+    """Per grid cell and variant: successes at every binary metric and the mean of the continuous metric closest in
+    name to the primary (spurious: ``robust_fraction``), each with its paired test against softmax on the cell's
+    seeds."""
+    binary = [m for m in b.directions if b.is_binary(m)]
+    continuous = [m for m in b.directions if not b.is_binary(m)]  # the one closest in name to the primary
+    score = max(continuous, key=lambda m: len(os.path.commonprefix([m, b.primary])), default=None)
+    lines = [f"By grid cell, paired with `{BASELINE}` on the cell's seeds: successes k/n with (+ours only/−"
+             f"{BASELINE} only, exact McNemar p){', and the mean `' + score + '` with its mean paired difference and exact sign-flip p' if score else ''}. "
+             "p-values are per cell and uncorrected; with 5 seeds no single cell can reach p < 0.05 (McNemar's "
+             "smallest p with 5 pairs is 0.0625), so read the cells as a map and the pooled table above for tests.", "",
+             "| cell | variant | " + " | ".join(binary) + (f" | {score} (Δ, p)" if score else "") + " |",
+             "|---|---|" + "---|" * (len(binary) + bool(score))]
+    for cell in b.grid_cells():
+        sub = b.in_cell(cell)
+        label = ", ".join(f"{k}={v}" for k, v in json.loads(cell).items())
+        for v in sub.variants:
+            row = [label, v, *[success_cell(sub, v, m) for m in binary]]
+            if score:
+                mean = mean_std(list(sub.values(v, score).values()))[0]
+                text = fmt(mean, 2)
+                if v != BASELINE and BASELINE in sub.by_variant:
+                    d = paired_difference(sub.values(v, score), sub.values(BASELINE, score))
+                    text += f" ({d['mean']:+.2f}, p={d['p']:.2g})" if d["n_pairs"] else ""
+                row.append(text)
+            lines.append("| " + " | ".join(row) + " |")
+    return lines + [""]
+
+
 def mean_cell(mean: float, std: float, n: int, digits: int = 3) -> str:
     return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
 
@@ -499,12 +557,15 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                 rate_cell = [f"{k}/{n} [{fmt(lo, 2)}, {fmt(hi, 2)}]"]
             cells = [v, str(r["n"]), mean_cell(r["mean"], r["std"], r["n"]), *rate_cell,
                      delta_text(r.get("delta"), b.binary),
-                     *[mean_cell(*r["extra"][m], len(b.values(v, m))) for m in extras],
+                     *[success_cell(b, v, m) if b.is_binary(m) else mean_cell(*r["extra"][m], len(b.values(v, m)))
+                       for m in extras],
                      *([fmt(b.mce(v), 1)] if with_mce else []), str(r["diverged"]), str(r["failed"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         cells = b.grid_cells()
-        if len(cells) > 1:
+        if len(cells) > 1 and b.binary:
+            lines += cell_success_table(b)
+        elif len(cells) > 1:
             lines += [f"`{b.primary}` by grid cell (mean over the n seeds of each cell):", ""]
             lines += ["| overrides | " + " | ".join(b.variants) + " |", "|---|" + "---|" * len(b.variants)]
             for cell in cells:
