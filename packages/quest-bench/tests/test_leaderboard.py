@@ -1,5 +1,7 @@
 """The leaderboard's stability-margin section, on synthetic results with known answers."""
 
+import pytest
+
 from quest_bench.leaderboard import TaskBoard, write_leaderboard
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec
@@ -118,3 +120,52 @@ def test_binary_extras_and_the_per_cell_table_pair_with_softmax(tmp_path):
     assert [c.split(" | ")[0] for c in cells] == ["| lr=0.01"] * 2 + ["| lr=0.1"] * 2  # numeric order
     quest_01 = next(c for c in cells if c.startswith("| lr=0.1 | quest"))
     assert quest_01 == "| lr=0.1 | quest | 3/3 (+2/−0, p=0.5) | 2/3 (+2/−0, p=0.5) | 0.80 (+0.50, p=0.25) |"
+
+
+def tuned_run(variant, seed, lr, val, test, status="ok"):
+    spec = RunSpec("lm", variant, "tiny", seed, {"lr": lr}, "x")
+    return spec, RunResult(run_id=spec.run_id, task="lm", task_version="1", variant=variant, preset="tiny", seed=seed,
+                           overrides={"lr": lr}, status=status, primary_metric="test_ppl", higher_is_better=False,
+                           validation_metric="valid_ppl",
+                           metrics={"test_ppl": test, "valid_ppl": val} if status == "ok" else {})
+
+
+def test_a_tuned_suite_picks_each_variant_on_validation_and_reports_test(tmp_path):
+    """lm's tiny default lr is 0.003. softmax is best (on validation) at 0.003; quest's best validation is at 0.03,
+    where one seed diverged, so that cell cannot be chosen and 0.01 is; the test metric of a cell never decides."""
+    from quest_bench import tuning
+
+    store = Store(tmp_path / "lm-tuned")
+    for seed in range(3):
+        for spec, r in (tuned_run("softmax", seed, 0.003, 200, 210 + seed), tuned_run("softmax", seed, 0.01, 220, 150),
+                        tuned_run("quest", seed, 0.003, 205, 212 + seed), tuned_run("quest", seed, 0.01, 190, 195 + seed),
+                        tuned_run("quest", seed, 0.03, 100, 100, "diverged" if seed == 2 else "ok")):
+            store.write(spec, r)
+    board = TaskBoard("lm", "tiny", [r for r in Store(tmp_path / "lm-tuned").load()])
+    options = tuning.choices(board.by_variant["quest"], ("lr",), "valid_ppl")
+    assert tuning.best(options, higher_is_better=False).cell == {"lr": 0.01}
+    assert tuning.default_cell("lm", "tiny", ("lr",)) == {"lr": 0.003}
+    md = (write_leaderboard(store, "lm-tuned", tune=("lr",)) / "README.md").read_text()
+    quest = next(line for line in md.splitlines() if line.startswith("| quest | 213.000 ± 1.000 (3)"))
+    cells = [c.strip() for c in quest.strip("|").split("|")]
+    assert cells[3:6] == ["lr=0.01", "190.000", "196.000 ± 1.000 (3)"]
+    assert cells[6].startswith(  # n=3 < 5: the per-pair values and an exact p, no interval
+        "-15.000 (n=3: -15.000, -15.000, -15.000; sign-flip p=0.25")
+    assert cells[7] == "1 / 0 of 9"
+    softmax = next(line for line in md.splitlines() if line.startswith("| softmax | 211.000"))
+    assert "| lr=0.003 | 200.000 |" in softmax
+
+
+def test_performance_profile_ratios_by_hand():
+    from quest_bench import profiles
+
+    scores = {"acc": {"softmax": 0.8, "quest": 0.88}, "ppl": {"softmax": 100.0, "quest": 110.0},
+              "gone": {"softmax": 0.5, "quest": float("nan")}, "delta": {"softmax": -0.1, "quest": 0.2}}
+    ratios, skipped = profiles.ratios(scores, {"acc": True, "ppl": False, "gone": True, "delta": True})
+    assert skipped == ["delta"]  # not all positive: left out
+    assert ratios["acc"] == pytest.approx({"softmax": 1.1, "quest": 1.0})
+    assert ratios["ppl"] == pytest.approx({"softmax": 1.0, "quest": 1.1})
+    assert ratios["gone"]["quest"] == float("inf")
+    rho = profiles.profile(ratios, taus=(1.0, 1.1, 2.0))
+    assert rho["quest"] == pytest.approx([1 / 3, 2 / 3, 2 / 3])  # best on ppl; 1.1x on acc; never on "gone"
+    assert rho["softmax"] == pytest.approx([2 / 3, 1.0, 1.0])

@@ -223,3 +223,16 @@ def test_the_leaderboard_page_passes_a_real_headless_browser_and_the_check_catch
     assert "image did not load: gone.png" in problems and "broken link: gone.csv" in problems
     assert "literal Markdown backticks in the rendered text" in problems
     assert any("ReferenceError" in p for p in problems)
+
+
+def test_a_tuned_suite_names_grid_keys_with_at_least_two_values(tmp_path):
+    from quest_bench.suite import load_suite
+
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\ntasks: [spurious]\nvariants: [softmax, quest]\nseeds: [0, 1]\ngrid: {lr: [0.01, 0.1]}\n"
+                    "tune: [lr]\n")
+    suite = load_suite(str(path))
+    assert suite.tune == ("lr",) and len(suite.specs) == 8
+    path.write_text("name: t\ntasks: [spurious]\nvariants: [softmax]\ngrid: {lr: [0.01]}\ntune: [lr, weight_decay]\n")
+    with pytest.raises(ValueError, match=r"tune keys \['lr', 'weight_decay'\] need a grid of at least 2 values"):
+        load_suite(str(path))

@@ -288,9 +288,12 @@ def cmd_leaderboard(args) -> int:
     if names and args.adhoc:
         runs.merge(adhoc_runs(Path(args.results)))
     run_ids = set()  # only the runs of the suites as defined now (same specs, same code versions)
+    tune: tuple[str, ...] = ()  # the tuning keys of the (first) tuned suite
     for given in args.suite or []:
         try:
-            run_ids |= {spec.run_id for spec in load_suite(given).specs}
+            suite = load_suite(given)
+            run_ids |= {spec.run_id for spec in suite.specs}
+            tune = tune or suite.tune
         except ValueError as err:  # no suite file (e.g. results copied from a cluster): every run of that suite
             if "unknown suite" not in str(err):
                 raise
@@ -302,7 +305,7 @@ def cmd_leaderboard(args) -> int:
     out = Path(args.out) if args.out else Path(args.results) / folder / "leaderboard"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder")
-    out = write_leaderboard(runs, title, run_ids, out)
+    out = write_leaderboard(runs, title, run_ids, out, tune)
     print((out / "README.md").read_text())
     print(f"leaderboard: {out / 'README.md'}\n             {out / 'index.html'}")
     return 0

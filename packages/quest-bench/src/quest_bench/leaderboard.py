@@ -33,6 +33,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from quest_bench import profiles, tuning  # noqa: E402
 from quest_bench.result import RunResult  # noqa: E402
 from quest_sdk.robustness import CORRUPTION_ERROR  # noqa: E402
 from quest_bench.stats import (holm, mcnemar_exact, mean_std, mean_win_rate,  # noqa: E402
@@ -505,8 +506,15 @@ def export_tables(md_text: str, folder: Path) -> list[str]:
 
 def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
              ignored: int = 0, links: dict[str, list[str]] | None = None,
-             robust_wins: dict[str, float] | None = None) -> str:
+             robust_wins: dict[str, float] | None = None, tune: tuple[str, ...] = (),
+             folder: Path | None = None) -> str:
     lines = [f"# Leaderboard: {suite}", ""]
+    tuned, scores = {}, {}
+    for b in boards:
+        if tune:
+            tuned[b.title], scores[b.title] = tuned_table(b, tune)
+        else:
+            scores[b.title] = {v: b.row(v)["mean"] for v in b.variants}
     few = too_few(boards)
     if few:
         lines += [f"> **Too few runs for statistics.** {len(few)} cells have fewer than 2 finished runs: "
@@ -540,6 +548,8 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                   "|---|---|" + ("---|" if robust_wins else "")]
         lines += [f"| {v} | {fmt(w)} |" + (f" {fmt(robust_wins.get(v, math.nan))} |" if robust_wins else "")
                   for v, w in sorted(wins.items(), key=lambda kv: -kv[1])] + [""]
+    if folder is not None and not few:
+        lines += profile_section(scores, {b.title: b.higher for b in boards}, folder)
     for b in boards:
         arrow = "higher" if b.higher else "lower"
         extras = [m for m in b.directions if m != b.primary]
@@ -562,6 +572,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                      *([fmt(b.mce(v), 1)] if with_mce else []), str(r["diverged"]), str(r["failed"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += tuned.get(b.title, [])
         cells = b.grid_cells()
         if len(cells) > 1 and b.binary:
             lines += cell_success_table(b)
@@ -585,6 +596,79 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
             lines += ["Per-run figures: " + " · ".join(links[b.title]), ""]
     lines += provenance(boards)
     return "\n".join(lines)
+
+
+def searched_values(b: TaskBoard, key: str) -> str:
+    values = sorted({r.overrides[key] for r in b.runs if key in r.overrides}, key=lambda x: (isinstance(x, str), x))
+    return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in values)
+
+
+def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[str, float]]:
+    """The equal-tuning-budget section of a board (quest_bench.tuning) and each variant's test mean at its best
+    cell (for the performance profile)."""
+    val = next((r.validation_metric for r in b.runs if r.validation_metric), "")
+    space = ", ".join(f"{k} ∈ {{{searched_values(b, k)}}}" for k in keys)
+    if not val:
+        return [f"Equal tuning budget over {space}: not computed, the task reports no validation metric.", ""], {}
+    options = {v: tuning.choices(b.by_variant[v], keys, val) for v in b.variants}
+    chosen = {v: tuning.best(options[v], b.higher) for v in b.variants}
+    default = tuning.default_cell(b.task, b.preset, keys)
+    at_default = {v: tuning.at(options[v], default) for v in b.variants}
+
+    def deltas(pick: dict) -> dict[str, dict]:
+        base = pick.get(BASELINE)
+        out = {v: paired_difference(c.by_seed(b.primary), base.by_seed(b.primary))
+               for v, c in pick.items() if v != BASELINE and c is not None and base is not None}
+        adjusted = holm({v: d["p"] for v, d in out.items() if d["n_pairs"]})
+        for v, d in out.items():
+            d["p_holm"] = adjusted.get(v, math.nan)
+        return out
+
+    d_default, d_best = deltas(at_default), deltas(chosen)
+    default_label = tuning.Choice(default).label() if default else "not in the search space"
+    lines = [f"**Equal tuning budget** over {space} × the seeds (AlgoPerf-style external tuning): per variant the "
+             f"cell with the best mean `{val}` over its seeds (every seed finished) is chosen on validation, and its "
+             f"test `{b.primary}` is reported; the default recipe ({default_label}) beside it. Δ vs `{BASELINE}` is "
+             "paired on the seed (each variant at its own cell), Holm-corrected over the variants per column.", "",
+             f"| variant | at the default: {b.primary} (n) | Δ vs {BASELINE} | best cell (by {val}) | {val} there | "
+             f"{b.primary} at the best cell (n) | Δ vs {BASELINE}, each at its best | diverged / failed in the search |",
+             "|---|---|---|---|---|---|---|---|"]
+    scores = {}
+    for v in b.variants:
+        def mean_of(c):
+            vals = list(c.by_seed(b.primary).values()) if c else []
+            return mean_cell(*mean_std(vals), len(vals)) + f" ({len(vals)})" if vals else "—"
+
+        c = chosen[v]
+        scores[v] = mean_std(list(c.by_seed(b.primary).values()))[0] if c else math.nan
+        runs = b.by_variant[v]
+        lines.append(" | ".join([
+            f"| {v}", mean_of(at_default[v]), delta_text(d_default.get(v), False),
+            c.label() if c else "none (no cell with every seed finished)", fmt(c.validation) if c else "—",
+            mean_of(c), delta_text(d_best.get(v), False),
+            f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)} |"]))
+    return lines + [""], scores
+
+
+def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, bool], folder: Path) -> list[str]:
+    """The performance profile across tasks (quest_bench.profiles): a table of ρ(τ) and its figure."""
+    task_ratios, skipped = profiles.ratios(scores, directions)
+    if len(task_ratios) < 2:
+        return []
+    profiles.profile_figure(task_ratios, folder / "performance-profile.png", variant_color,
+                            "performance profile: fraction of tasks within τ of the best variant")
+    rho = profiles.profile(task_ratios)
+    lines = ["## Performance profile across tasks", "",
+             f"Per task, each variant's mean primary metric (at its best cell where the suite tunes) relative to the "
+             f"best variant's (a ratio ≥ 1; lower-is-better metrics inverted); ρ(τ) = the fraction of the "
+             f"{len(task_ratios)} tasks on which a variant is within a factor τ of the best. Means of finished runs; "
+             "a variant without any on a task counts as never within τ. A profile ranks means and carries no test: "
+             "read it with the Δ tables." + (f" Left out (scores not all positive): {', '.join(skipped)}." if skipped
+                                             else ""), "",
+             "| variant | " + " | ".join(f"τ={t:g}" for t in profiles.TAUS) + " |", "|---|" + "---|" * len(profiles.TAUS)]
+    lines += [f"| {v} | " + " | ".join(fmt(x, 2) for x in r) + " |"
+              for v, r in sorted(rho.items(), key=lambda kv: -sum(kv[1]))]
+    return lines + ["", "![performance-profile.png](performance-profile.png)", ""]
 
 
 def margin_table(b: TaskBoard) -> list[str]:
@@ -656,11 +740,12 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
 
 
 def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None = None,
-                      folder: Path | None = None) -> Path:
+                      folder: Path | None = None, tune: tuple[str, ...] = ()) -> Path:
     """Write README.md, index.html and the PNG figures to ``folder`` (default <results>/<suite>/leaderboard/ for a
     Store); return that folder. ``runs``: one suite's Store, or any RunSet (ad-hoc runs, several suites merged).
 
     ``run_ids``: the runs of the suite as defined now; others in the folder (older code versions) are left out.
+    ``tune``: the suite's tuning keys (``Suite.tune``): each task gets its equal-tuning-budget table.
     Runs that cannot be used (failed, or ok without a finite primary metric) get one warning line each on stderr;
     failed ones are counted in the tables, and the next sweep runs them again.
     """
@@ -695,7 +780,8 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
             margin_figure(b, folder / f"{stem}-margin.png")
             figures[b.title].append(f"{stem}-margin.png")
     links = {b.title: b.figure_links(runs.folders, folder) for b in boards}
-    md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True))
+    md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True),
+                       tune, folder)
     shutil.rmtree(folder / "tables", ignore_errors=True)
     tables = export_tables(md_text, folder / "tables")
     md_text += ("\n## Tables as data\n\nEvery table above as CSV and JSON: "

@@ -26,6 +26,7 @@ class RunResult:
     primary_metric: str = ""  # the task's headline metric (a key of metrics)
     higher_is_better: bool = True  # direction of the primary metric
     metric_directions: dict[str, bool] = field(default_factory=dict)  # leaderboard metrics -> higher is better
+    validation_metric: str = ""  # the primary metric on a validation split (what a -tuned suite selects by)
     telemetry: dict[str, float] = field(default_factory=dict)  # final quest_core telemetry summary (max over layers)
     cost: dict[str, float] = field(default_factory=dict)  # wall_s, peak_rss_mib (or peak_cuda_mib), samples_per_s
     env: dict[str, Any] = field(default_factory=dict)  # package versions, git sha, dirty flag, device, host, python

@@ -8,6 +8,8 @@
     seeds: [0, 1, 2]
     overrides: {steps: 800}        # task config keys set in every run
     grid: {lr: [1e-3, 1e-2]}       # cartesian product of task config values
+    tune: [lr]                     # grid keys that are a tuning search space (a `-tuned` suite): per variant the
+                                   # leaderboard picks the best cell on the task's validation metric
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import yaml
 from quest_bench.runner import REPO_ROOT, resolve
 from quest_bench.spec import RunSpec, check_name
 
-SUITE_KEYS = {"name", "description", "tasks", "variants", "presets", "seeds", "overrides", "grid"}
+SUITE_KEYS = {"name", "description", "tasks", "variants", "presets", "seeds", "overrides", "grid", "tune"}
 TASK_KEYS = {"name", "overrides", "grid", "presets"}
 
 
@@ -33,6 +35,7 @@ class Suite:
     name: str
     description: str
     specs: list[RunSpec]
+    tune: tuple[str, ...] = ()  # the grid keys searched per variant (an equal tuning budget); () = not tuned
 
 
 def find_suite(name_or_path: str) -> Path:
@@ -116,6 +119,7 @@ def load_suite(name_or_path: str) -> Suite:
     for key in ("overrides", "grid"):
         if not isinstance(raw.get(key) or {}, dict):
             raise ValueError(f"{path}: {key!r} must be a mapping of task config keys, got {raw[key]!r}")
+    tune = as_list(path, raw, "tune", [])
     specs: list[RunSpec] = []
     for entry in as_list(path, raw, "tasks", []):
         if not isinstance(entry, (str, dict)) or (isinstance(entry, dict) and "name" not in entry):
@@ -128,13 +132,17 @@ def load_suite(name_or_path: str) -> Suite:
                 raise ValueError(f"{path}: {key!r} of task {entry['name']!r} must be a mapping, got {entry[key]!r}")
         fixed = {**(raw.get("overrides") or {}), **(entry.get("overrides") or {})}
         grid = {**(raw.get("grid") or {}), **(entry.get("grid") or {})}
+        missing = [k for k in tune if k not in grid or len(grid[k]) < 2]
+        if missing:
+            raise ValueError(f"{path}: tune keys {missing} need a grid of at least 2 values for task {entry['name']!r} "
+                             "(tune names the grid keys each variant searches)")
         presets = entry.get("presets") or as_list(path, raw, "presets", ["tiny"])
         for preset, variant, seed, cell in itertools.product(presets, variants, seeds, grid_cells(grid)):
             try:
                 specs.append(resolve(RunSpec(str(entry["name"]), str(variant), str(preset), seed, {**fixed, **cell})))
             except ValueError as err:
                 raise ValueError(f"{path}: {err}") from None
-    return Suite(name, str(raw.get("description", "")), specs)
+    return Suite(name, str(raw.get("description", "")), specs, tuple(str(k) for k in tune))
 
 
 def grid_cells(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
