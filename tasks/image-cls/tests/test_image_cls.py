@@ -202,3 +202,21 @@ def test_an_interrupted_run_resumes_bitwise(tmp_path):
     assert {"test_acc", "corrupted_acc", "fgsm_acc", "pgd_acc", "final_max_logit"} <= straight.keys()
     rows = [(tmp_path / run_dir / "events.jsonl").read_text() for run_dir in ("straight", "resumed")]
     assert rows[0] == rows[1]  # the rows of steps 3 and 4 logged again after the resume, not doubled
+
+
+def test_validation_is_held_out_of_train_and_evaluation_subsets_cover_every_class():
+    """The shipped test split is sorted by class: a first-n slice would attack digits 0-4 only."""
+    from quest_image_cls.data import load_digits
+    from quest_image_cls.experiment import hold_out, labels_of
+    from quest_sdk.data import stratified_subset
+
+    train_set, test_set, _ = load_digits()
+    assert labels_of(test_set)[:500].unique().tolist() == [0, 1, 2, 3, 4]  # why the slice was wrong
+    fit, val = hold_out(train_set, train_set, 0.1)
+    assert len(val) == 400 and len(fit) == 3600 and not set(fit.indices) & set(val.indices)
+    assert torch.bincount(labels_of(train_set)[val.indices]).tolist() == [40] * 10
+    assert hold_out(train_set, train_set, 0.1)[1].indices == val.indices  # the same split for every run
+    x, y = materialise(test_set, 50)
+    assert torch.bincount(y).tolist() == [5] * 10
+    attacked = stratified_subset(labels_of(test_set), 500, seed=3)
+    assert torch.bincount(labels_of(test_set)[attacked]).tolist() == [50] * 10

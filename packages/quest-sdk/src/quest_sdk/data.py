@@ -77,3 +77,21 @@ def stratified_subset(labels, n: int, seed: int):
         if not progressed:
             break
     return torch.cat([pool[:k] for pool, k in zip(pools, take)]).sort().values
+
+
+SPLIT_SEED = 0  # validation splits are fixed per dataset, never drawn from the run's seed
+
+
+def validation_split(labels, fraction: float, seed: int = SPLIT_SEED):
+    """(train, validation) index tensors: a class-stratified ``fraction`` of the training examples held out for
+    validation (what a ``-tuned`` suite selects hyper-parameters on), the same for every run. ``fraction`` 0 gives
+    no validation examples."""
+    import torch
+
+    labels = torch.as_tensor(labels).reshape(-1)
+    if not 0 <= fraction < 1:
+        raise ValueError(f"validation fraction must be in [0, 1), got {fraction}")
+    val = stratified_subset(labels, round(fraction * len(labels)), seed) if fraction else torch.zeros(0, dtype=torch.long)
+    keep = torch.ones(len(labels), dtype=torch.bool)
+    keep[val] = False
+    return torch.nonzero(keep).flatten(), val

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from quest_sdk.data import require_data_root
+from quest_sdk.data import require_data_root, stratified_subset, validation_split
 from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
@@ -23,7 +23,8 @@ from quest_image_cls.task import ImageClsConfig
 
 def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
     device = torch.device(ctx.device)
-    train_set, test_set, data_id = load_data(cfg, ctx.data_root)
+    train_set, test_set, data_id, eval_view = load_data(cfg, ctx.data_root)
+    train_set, val_set = hold_out(train_set, eval_view, cfg.val_fraction)
     vit = build_vit(ctx.variant, cfg.img_size, cfg.patch_size, D.CHANNELS[cfg.dataset], D.NUM_CLASSES[cfg.dataset],
                     cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio, cfg.drop_path)
     model = Classifier(vit, *D.MEAN_STD[cfg.dataset]).to(device)
@@ -31,6 +32,8 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
 
     x_test, y_test = materialise(test_set, cfg.eval_samples)
     metrics = {"test_acc": accuracy(model, x_test, y_test, device)}
+    if val_set is not None:
+        metrics["val_acc"] = loader_accuracy(model, val_set, cfg, device)
     root = Path(ctx.data_root) if ctx.data_root else None
     if cfg.dataset == "imagenet" and D.imagenet_c_corruptions(root):
         metrics.update(imagenet_c_metrics(model, cfg, root, test_set.class_to_idx, device))
@@ -38,8 +41,8 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
         metrics.update(corruption_metrics(model, cfg, x_test, y_test, device, ctx.seed))
     if cfg.dataset == "imagenet" and (root / "imagenet-a").exists():
         metrics["imagenet_a_acc"] = imagenet_a_accuracy(model, cfg, root, test_set.class_to_idx, device)
-    n = min(cfg.adv_samples, len(y_test))
-    metrics.update(adversarial_accuracy(model.cpu() if ctx.device == "cpu" else model, x_test[:n], y_test[:n],
+    attacked = stratified_subset(y_test, cfg.adv_samples, seed=ctx.seed)  # every class, not the first ones
+    metrics.update(adversarial_accuracy(model.cpu() if ctx.device == "cpu" else model, x_test[attacked], y_test[attacked],
                                         D.NUM_CLASSES[cfg.dataset], cfg.adv_eps, cfg.pgd_steps, cfg.pgd_step_size,
                                         cfg.autoattack, ctx.device, seed=ctx.seed))
     attention_figure(model, x_test, y_test, cfg.figure_images, Path(ctx.out_dir) / "attention.png",
@@ -51,21 +54,37 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
 def load_data(cfg: ImageClsConfig, data_root: str | None):
     if cfg.dataset not in D.NUM_CLASSES:
         raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: {', '.join(D.NUM_CLASSES)}")
+    """(train, test, data id, the training images with evaluation transforms: the validation split's source)."""
     if cfg.dataset == "digits":
         train_set, test_set, digest = D.load_digits()
-        return train_set, test_set, f"mnist_5k.npz sha256:{digest}"
+        return train_set, test_set, f"mnist_5k.npz sha256:{digest}", train_set
     root = require_data_root(data_root, cfg.dataset)
+    evaluate = D.eval_transform(cfg.dataset, cfg.img_size)
     if cfg.dataset.startswith("cifar"):
         return (D.cifar(root, cfg.dataset, True, D.train_transform(cfg.dataset, cfg.img_size)),
-                D.cifar(root, cfg.dataset, False, D.eval_transform(cfg.dataset, cfg.img_size)), str(root))
+                D.cifar(root, cfg.dataset, False, evaluate), str(root), D.cifar(root, cfg.dataset, True, evaluate))
     return (D.imagenet(root, "train", D.train_transform("imagenet", cfg.img_size, cfg.randaugment)),
-            D.imagenet(root, "val", D.eval_transform("imagenet", cfg.img_size)), str(root))
+            D.imagenet(root, "val", evaluate), str(root), D.imagenet(root, "train", evaluate))
+
+
+def labels_of(dataset) -> torch.Tensor:
+    return torch.as_tensor(dataset.tensors[1] if isinstance(dataset, TensorDataset) else dataset.targets)
+
+
+def hold_out(train_set, eval_view, fraction: float):
+    """(train, validation) subsets: a class-stratified ``fraction`` of the training set, the same for every run;
+    the validation images come from ``eval_view`` (the training images with evaluation transforms)."""
+    if not fraction:
+        return train_set, None
+    train_idx, val_idx = validation_split(labels_of(train_set), fraction)
+    return Subset(train_set, train_idx.tolist()), Subset(eval_view, val_idx.tolist())
 
 
 def materialise(dataset, limit: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``limit`` (0 = all) examples of a dataset as tensors (evaluation sets are small here)."""
-    n = len(dataset) if not limit else min(limit, len(dataset))
-    xs, ys = zip(*(dataset[i] for i in range(n)))
+    """A class-balanced subset of ``limit`` (0 = all) examples of a dataset as tensors (evaluation sets are small
+    here; the shipped test split is sorted by class)."""
+    keep = stratified_subset(labels_of(dataset), limit, seed=0).tolist()
+    xs, ys = zip(*(dataset[i] for i in keep))
     return torch.stack(xs), torch.as_tensor(ys)
 
 
@@ -161,9 +180,10 @@ def imagenet_a_accuracy(model, cfg: ImageClsConfig, root: Path, class_to_idx: di
 
 
 def corruption_metrics(model, cfg: ImageClsConfig, x: torch.Tensor, y: torch.Tensor, device, seed: int) -> dict:
-    """Synthetic corruptions (quest_sdk.image_corruptions) of the first ``corruption_samples`` test images."""
-    n = min(cfg.corruption_samples, len(y))
-    x, y = x[:n], y[:n]
+    """Synthetic corruptions (quest_sdk.image_corruptions) of a class-balanced subset of ``corruption_samples`` test
+    images (seeded)."""
+    keep = stratified_subset(y, cfg.corruption_samples, seed=seed)
+    x, y = x[keep], y[keep]
     return corruption_summary({
         name: [accuracy(model, corrupt(x, name, s, seed=seed * 1000 + 10 * i + s), y, device) for s in SEVERITIES]
         for i, name in enumerate(CORRUPTIONS)

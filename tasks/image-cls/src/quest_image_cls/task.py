@@ -32,9 +32,11 @@ class ImageClsConfig:
     shift_pixels: int = param(0, ge=0)  # random translation of the shipped digits (0 = off: it cost accuracy here)
     amp: bool = False  # bfloat16 autocast (CUDA)
     num_workers: int = param(0, ge=0)
+    val_fraction: float = param(0.1, ge=0, lt=1)  # of the training images, held out (class-stratified, the same
+    # split for every run) for val_acc, what a -tuned suite selects on; 0 = none
     eval_samples: int = param(0, ge=0)  # 0 = the whole test split
-    corruption_samples: int = param(1000, ge=1)  # test images per (corruption, severity)
-    adv_samples: int = param(500, ge=1)
+    corruption_samples: int = param(1000, ge=1)  # test images per (corruption, severity): a class-balanced subset
+    adv_samples: int = param(500, ge=1)  # test images attacked: a class-balanced subset
     adv_eps: float = param(8 / 255, ge=0, le=1)  # L∞ budget in [0, 1] pixel units
     pgd_steps: int = param(10, ge=1)
     pgd_step_size: float = param(2 / 255, gt=0, le=1)
@@ -51,9 +53,11 @@ class ImageClsConfig:
 
 class ImageClsTask(Task):
     name = "image-cls"
-    version = "3"  # 3: the shared engine (quest_sdk.engine); 2: no weight decay on pos_embed, cls_token, qknorm-hs gain
+    version = "4"  # 4: 10% of train held out for val_acc; attacks and corruptions on class-balanced test subsets
+    # (3: the shared engine; 2: no weight decay on pos_embed, cls_token, qknorm-hs gain)
     primary_metric = "test_acc"
     higher_is_better = True
+    validation_metric = "val_acc"
     leaderboard_metrics = {"corrupted_acc": True, "fgsm_acc": True, "pgd_acc": True}
     config_class = ImageClsConfig
     presets = {
@@ -65,6 +69,7 @@ class ImageClsTask(Task):
             "warmup_epochs": 5, "label_smoothing": 0.1, "mixup": 0.8, "cutmix": 1.0,
             "randaugment": "rand-m9-mstd0.5-inc1", "amp": True, "num_workers": 10, "corruption_samples": 5000,
             "adv_samples": 1000, "adv_eps": 1 / 255, "pgd_steps": 20, "pgd_step_size": 0.25 / 255, "autoattack": True,
+            "val_fraction": 0.01,  # 12.8k training images
         },
     }
     resources = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),

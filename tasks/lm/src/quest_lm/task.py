@@ -51,6 +51,7 @@ class LmTask(Task):
     name = "lm"
     version = "3"  # 3: the shared engine (quest_sdk.engine): per-step window generators; 2: unigram baseline on the evaluated slice
     primary_metric = "test_ppl"
+    validation_metric = "valid_ppl"
     higher_is_better = False
     leaderboard_metrics = {"valid_ppl": False, "corrupted_ppl": False, "loss_spikes": False}
     config_class = LmConfig

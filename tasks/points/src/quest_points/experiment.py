@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from quest_sdk.data import stratified_subset, validation_split
 from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
@@ -21,15 +22,17 @@ def run(cfg: PointsConfig, ctx) -> TaskOutput:
     data = load(cfg.dataset, ctx.data_root, cfg.sample_points, cfg.scanobjectnn_split)
     points = cfg.global_points if cfg.model == "global" else cfg.local_points
     model = make_model(cfg, len(data.classes), ctx.variant).to(device)
-    steps = train(model, cfg, points, data.train_x, data.train_y, ctx)
+    fit, val = validation_split(data.train_y, cfg.val_fraction)
+    steps = train(model, cfg, points, data.train_x[fit], data.train_y[fit], ctx)
 
     test_x = subsample(data.test_x, points, torch.Generator().manual_seed(10_000 + ctx.seed))
     pred = predict(model, test_x, device)
     metrics = {"test_acc": (pred == data.test_y).float().mean().item(),
                "mean_class_acc": mean_class_accuracy(pred, data.test_y, len(data.classes))}
-    keep = torch.arange(len(test_x))  # the test set is sorted by class: subsample at random, not the first n
-    if cfg.corruption_samples and cfg.corruption_samples < len(test_x):
-        keep = torch.randperm(len(test_x), generator=torch.Generator().manual_seed(ctx.seed))[:cfg.corruption_samples]
+    if len(val):
+        val_x = subsample(data.train_x[val], points, torch.Generator().manual_seed(20_000 + ctx.seed))
+        metrics["val_acc"] = (predict(model, val_x, device) == data.train_y[val]).float().mean().item()
+    keep = stratified_subset(data.test_y, cfg.corruption_samples, seed=ctx.seed)  # every class, not the first ones
     x_c, y_c = test_x[keep], data.test_y[keep]
     metrics.update(corruption_summary({
         name: [(predict(model, corrupt(x_c, name, s, seed=ctx.seed * 1000 + 10 * i + s), device) == y_c)

@@ -38,7 +38,9 @@ class PointsConfig:
     label_smoothing: float = param(0.1, ge=0, lt=1)
     augment: bool = True  # random anisotropic scale in [2/3, 3/2] and shift in [-0.2, 0.2] per cloud
     amp: bool = False  # bfloat16 autocast (CUDA)
-    corruption_samples: int = param(0, ge=0)  # test clouds per (corruption, severity); 0 = all
+    val_fraction: float = param(0.1, ge=0, lt=1)  # of the training clouds, held out (class-stratified, the same
+    # split for every run) for val_acc, what a -tuned suite selects on; 0 = none
+    corruption_samples: int = param(0, ge=0)  # test clouds per (corruption, severity), class-balanced; 0 = all
     log_every: int = param(10, ge=1)
 
     def __post_init__(self):
@@ -52,9 +54,11 @@ class PointsConfig:
 
 class PointsTask(Task):
     name = "points"
-    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step sampling and augmentation generators
+    version = "3"  # 3: 10% of train held out for val_acc; class-balanced corruption subsets
+    # (2: the shared engine: per-step sampling and augmentation generators)
     primary_metric = "test_acc"
     higher_is_better = True
+    validation_metric = "val_acc"
     leaderboard_metrics = {"mean_class_acc": True, "corrupted_acc": True}
     config_class = PointsConfig
     presets = {

@@ -1,0 +1,34 @@
+"""The evaluation subsets and validation splits every task uses, on hand-checkable labels."""
+
+import pytest
+import torch
+
+from quest_sdk.data import stratified_subset, validation_split
+
+
+def test_stratified_subset_balances_classes_and_is_seeded():
+    labels = torch.arange(4).repeat_interleave(25)  # class-sorted, as the shipped test splits are
+    idx = stratified_subset(labels, 10, seed=1)
+    counts = torch.bincount(labels[idx], minlength=4).tolist()
+    assert sorted(counts) == [2, 2, 3, 3] and len(set(idx.tolist())) == 10  # 10 // 4 each, 2 classes get one more
+    assert torch.equal(idx, stratified_subset(labels, 10, seed=1))
+    assert not torch.equal(idx, stratified_subset(labels, 10, seed=2))
+    assert torch.equal(stratified_subset(labels, 0, seed=1), torch.arange(100))  # 0 = everything
+    assert torch.equal(stratified_subset(labels, 500, seed=1), torch.arange(100))
+
+
+def test_a_small_class_gives_all_it_has_and_the_others_fill_up():
+    labels = torch.tensor([0] * 2 + [1] * 50 + [2] * 50)
+    idx = stratified_subset(labels, 30, seed=0)
+    assert torch.bincount(labels[idx]).tolist() == [2, 14, 14]
+
+
+def test_validation_split_is_disjoint_stratified_and_fixed():
+    labels = torch.arange(5).repeat(40)  # interleaved classes
+    train, val = validation_split(labels, 0.2)
+    assert len(val) == 40 and len(train) == 160 and not set(train.tolist()) & set(val.tolist())
+    assert torch.bincount(labels[val]).tolist() == [8] * 5
+    assert torch.equal(validation_split(labels, 0.2)[1], val)
+    assert len(validation_split(labels, 0.0)[1]) == 0
+    with pytest.raises(ValueError, match=r"validation fraction must be in \[0, 1\), got 1.0"):
+        validation_split(labels, 1.0)
