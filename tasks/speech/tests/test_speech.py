@@ -219,3 +219,17 @@ def test_an_interrupted_run_resumes_bitwise(tmp_path, monkeypatch, task):
     assert {"corrupted_acc" if task != "asr" else "corrupted_char_acc", "final_max_logit"} <= straight.keys()
     rows = [(tmp_path / run_dir / "events.jsonl").read_text() for run_dir in ("straight", "resumed")]
     assert rows[0] == rows[1]  # the row of step 3 logged again after the resume, not doubled
+
+
+def test_validation_holds_out_whole_voices_the_same_way_every_run():
+    import torch
+
+    from quest_speech.data import Utterances
+
+    speakers = [f"voice{v}" for v in range(20) for _ in range(3)]
+    utts = Utterances([torch.zeros(4)] * 60, list(range(60)), speakers)
+    train, val = utts.hold_out_voices(0.1)
+    assert len(set(val.speakers)) == 2 and len(val) == 6 and len(train) == 54
+    assert not set(train.speakers) & set(val.speakers)  # voice-disjoint, like the test split
+    assert utts.hold_out_voices(0.1)[1].targets == val.targets
+    assert utts.hold_out_voices(0.0) == (utts, None)

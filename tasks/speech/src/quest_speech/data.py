@@ -54,12 +54,25 @@ class Utterances:
     def __len__(self) -> int:
         return len(self.audio)
 
+    def select(self, idx: list[int]) -> "Utterances":
+        return Utterances([self.audio[i] for i in idx], [self.targets[i] for i in idx], [self.speakers[i] for i in idx])
+
+    def hold_out_voices(self, fraction: float, seed: int = 0) -> tuple["Utterances", "Utterances | None"]:
+        """(train, validation): every utterance of a seeded ``fraction`` of the voices (speakers) held out, so that
+        validation, like the test split, is in voices the model did not train on. The same split for every run."""
+        if not fraction:
+            return self, None
+        names = sorted(set(self.speakers))
+        order = torch.randperm(len(names), generator=torch.Generator().manual_seed(seed)).tolist()
+        held = {names[i] for i in order[: max(1, round(fraction * len(names)))]}
+        val = [i for i, s in enumerate(self.speakers) if s in held]
+        return self.select([i for i, s in enumerate(self.speakers) if s not in held]), self.select(val)
+
     def subset(self, n: int) -> "Utterances":
         """At most ``n`` utterances spread evenly over the set (the synthesized sets are ordered by word)."""
         if n >= len(self):
             return self
-        idx = torch.linspace(0, len(self) - 1, n).round().long().tolist()
-        return Utterances([self.audio[i] for i in idx], [self.targets[i] for i in idx], [self.speakers[i] for i in idx])
+        return self.select(torch.linspace(0, len(self) - 1, n).round().long().tolist())
 
 
 def voice_family(variant: str) -> str:

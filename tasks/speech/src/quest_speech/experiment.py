@@ -22,9 +22,11 @@ def run_speech_commands(cfg: KeywordConfig, ctx) -> TaskOutput:
     device = torch.device(ctx.device)
     if cfg.dataset == "synth":
         train_set, test_set = D.keywords("train", cfg.train_per_word), D.keywords("test", cfg.test_per_word)
+        train_set, val_set = train_set.hold_out_voices(cfg.val_fraction)
     elif cfg.dataset == "speechcommands":
         root = str(require_data_root(ctx.data_root, cfg.dataset))
         train_set = D.speech_commands(root, "training", cfg.limit)
+        val_set = D.speech_commands(root, "validation", cfg.limit)
         test_set = D.speech_commands(root, "testing", cfg.limit)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: synth, speechcommands")
@@ -36,6 +38,8 @@ def run_speech_commands(cfg: KeywordConfig, ctx) -> TaskOutput:
     steps = train(model, loss_fn, train_set, cfg, ctx, "speech-commands")
     metrics = {"test_acc": keyword_accuracy(model, test_set, device),
                "real_digits_acc": keyword_accuracy(model, D.asterisk_digits(), device)}
+    if val_set is not None:
+        metrics["val_acc"] = keyword_accuracy(model, val_set, device)
     if cfg.perturb_samples:
         metrics.update(robustness(test_set, cfg.perturb_samples, ctx.seed,
                                   lambda utts: keyword_accuracy(model, utts, device), score="acc"))
@@ -48,9 +52,11 @@ def run_asr(cfg: AsrConfig, ctx) -> TaskOutput:
     device = torch.device(ctx.device)
     if cfg.dataset == "synth":
         train_set, test_set = D.sentences("train", cfg.train_sentences), D.sentences("test", cfg.test_sentences)
+        train_set, val_set = train_set.hold_out_voices(cfg.val_fraction)
     elif cfg.dataset == "librispeech":
         root = str(require_data_root(ctx.data_root, cfg.dataset))
         train_set = D.librispeech(root, cfg.train_split, cfg.limit)
+        val_set = D.librispeech(root, cfg.val_split, cfg.limit)
         test_set = D.librispeech(root, cfg.test_split, cfg.limit)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: synth, librispeech")
@@ -66,6 +72,8 @@ def run_asr(cfg: AsrConfig, ctx) -> TaskOutput:
     cer, wer = error_rates(model, test_set, device)
     real_cer, real_wer = error_rates(model, D.librivox(), device)
     metrics = {"test_cer": cer, "test_wer": wer, "real_cer": real_cer, "real_wer": real_wer}
+    if val_set is not None:
+        metrics["val_cer"] = error_rates(model, val_set, device)[0]
     if cfg.perturb_samples:
         metrics.update(robustness(test_set, cfg.perturb_samples, ctx.seed,
                                   lambda utts: 1 - error_rates(model, utts, device)[0], score="char_acc"))

@@ -36,6 +36,8 @@ class SpeechConfig:
     grad_clip: float = param(5.0, ge=0)
     narrowband: float = param(0.0, ge=0, le=1)  # probability that a training clip is band-limited to 4 kHz
     # (resampled to 8 kHz and back)
+    val_fraction: float = param(0.1, ge=0, lt=1)  # synthesized data: the training voices held out for validation
+    # (what a -tuned suite selects on; the same for every run); real data use their official validation split
     perturb_samples: int = param(200, ge=0)  # test utterances per perturbation level (0 = skip)
     log_every: int = param(20, ge=1)
 
@@ -64,6 +66,7 @@ class AsrConfig(SpeechConfig):
     train_sentences: int = param(1000, ge=1)
     test_sentences: int = param(100, ge=1)
     train_split: str = "train-clean-100"  # LibriSpeech folders
+    val_split: str = "dev-clean"
     test_split: str = "test-clean"
     limit: int = param(0, ge=0)
     num_layers: int = param(3, ge=1)
@@ -73,9 +76,11 @@ class AsrConfig(SpeechConfig):
 
 class SpeechCommandsTask(Task):
     name = "speech-commands"
-    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step shuffles and augmentation generators
+    version = "3"  # 3: 10% of the training voices held out for val_acc
+    # (2: the shared engine: per-step shuffles and augmentation generators)
     primary_metric = "test_acc"
     higher_is_better = True
+    validation_metric = "val_acc"
     leaderboard_metrics = {"corrupted_acc": True, "real_digits_acc": True}
     config_class = KeywordConfig
     presets = {
@@ -96,9 +101,11 @@ class SpeechCommandsTask(Task):
 
 class AsrTask(Task):
     name = "asr"
-    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step shuffles and augmentation generators
+    version = "3"  # 3: 10% of the training voices held out for val_cer
+    # (2: the shared engine: per-step shuffles and augmentation generators)
     primary_metric = "test_cer"
     higher_is_better = False
+    validation_metric = "val_cer"
     leaderboard_metrics = {"test_wer": False, "real_cer": False, "corrupted_char_acc": True}
     config_class = AsrConfig
     presets = {
