@@ -28,7 +28,11 @@ def test_validation_split_is_disjoint_stratified_and_fixed():
     train, val = validation_split(labels, 0.2)
     assert len(val) == 40 and len(train) == 160 and not set(train.tolist()) & set(val.tolist())
     assert torch.bincount(labels[val]).tolist() == [8] * 5
+    skewed = torch.tensor([0] * 10 + [1] * 30)  # proportional, as a stratified split is
+    assert torch.bincount(skewed[validation_split(skewed, 0.2)[1]]).tolist() == [2, 6]
     assert torch.equal(validation_split(labels, 0.2)[1], val)
     assert len(validation_split(labels, 0.0)[1]) == 0
     with pytest.raises(ValueError, match=r"validation fraction must be in \[0, 1\), got 1.0"):
         validation_split(labels, 1.0)
+    with pytest.raises(ValueError, match="cannot hold out a stratified 0.5 of 3 training examples"):
+        validation_split(torch.tensor([0, 1, 1]), 0.5)  # a class of one cannot be split

@@ -83,15 +83,21 @@ SPLIT_SEED = 0  # validation splits are fixed per dataset, never drawn from the 
 
 
 def validation_split(labels, fraction: float, seed: int = SPLIT_SEED):
-    """(train, validation) index tensors: a class-stratified ``fraction`` of the training examples held out for
-    validation (what a ``-tuned`` suite selects hyper-parameters on), the same for every run. ``fraction`` 0 gives
-    no validation examples."""
+    """Sorted (train, validation) index tensors: a class-stratified ``fraction`` of the training examples held out
+    for validation (what a ``-tuned`` suite selects hyper-parameters on), through scikit-learn's
+    ``train_test_split``; the same for every run. ``fraction`` 0 gives no validation examples."""
+    import numpy as np
     import torch
+    from sklearn.model_selection import train_test_split
 
-    labels = torch.as_tensor(labels).reshape(-1)
     if not 0 <= fraction < 1:
         raise ValueError(f"validation fraction must be in [0, 1), got {fraction}")
-    val = stratified_subset(labels, round(fraction * len(labels)), seed) if fraction else torch.zeros(0, dtype=torch.long)
-    keep = torch.ones(len(labels), dtype=torch.bool)
-    keep[val] = False
-    return torch.nonzero(keep).flatten(), val
+    labels = np.asarray(labels).reshape(-1)
+    idx = np.arange(len(labels))
+    if not fraction:
+        return torch.from_numpy(idx), torch.zeros(0, dtype=torch.long)
+    try:
+        train, val = train_test_split(idx, test_size=fraction, stratify=labels, random_state=seed)
+    except ValueError as err:
+        raise ValueError(f"cannot hold out a stratified {fraction:g} of {len(labels)} training examples: {err}") from None
+    return torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(val))
