@@ -79,3 +79,12 @@ def test_pairs_needed_for_a_significant_holm_corrected_sign_test():
     assert min_pairs_for_significance(1) == 6  # 2/2^5 = 0.0625 > 0.05, 2/2^6 = 0.031
     assert min_pairs_for_significance(15) == 10  # 6 variants: 2/2^9 = 0.0039 > 0.05/15 = 0.0033
     assert min_pairs_for_significance(45) == 11  # 10 variants: 2/2^10 = 0.0020 > 0.05/45 = 0.0011 > 2/2^11
+
+
+def test_a_sampled_sign_flip_p_value_is_never_zero():
+    """Beyond EXACT_SIGN_FLIPS pairs the patterns are sampled: the estimate (hits + 1) / (draws + 1) is at least
+    1 / (draws + 1), even when no sampled pattern is as extreme as the data (here 40 equal positive differences)."""
+    from quest_bench.stats import RANDOM_SIGN_FLIPS, sign_flip_p
+
+    assert sign_flip_p([1.0] * 40) == 1 / (RANDOM_SIGN_FLIPS + 1)
+    assert sign_flip_p([1.0] * 16) == 2 / 2**16  # exact below the threshold
