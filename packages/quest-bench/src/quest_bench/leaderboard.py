@@ -169,16 +169,28 @@ class TaskBoard:
         names = {m for r in self.runs for m in r.metrics if m.startswith(CORRUPTION_ERROR)}
         return sorted(n[len(CORRUPTION_ERROR):] for n in names)
 
-    def mce(self, variant: str) -> float:
-        """Mean corruption error (Hendrycks & Dietterich 2019) relative to softmax, in %: per corruption, the
-        variant's error summed over severities (mean over runs) / softmax's; then the mean over corruptions."""
-        ratios = []
-        for c in self.corruptions():
-            ours = mean_std(list(self.values(variant, CORRUPTION_ERROR + c).values()))[0]
-            base = mean_std(list(self.values(BASELINE, CORRUPTION_ERROR + c).values()))[0]
-            if math.isfinite(ours) and math.isfinite(base) and base > 0:
-                ratios.append(ours / base)
-        return 100 * sum(ratios) / len(ratios) if ratios else float("nan")
+    def mce(self, variant: str) -> dict[str, float]:
+        """Mean corruption error (Hendrycks & Dietterich 2019) relative to softmax, in %, per run (by pair key): per
+        corruption, the run's error summed over severities divided by softmax's mean over its runs; then the mean
+        over corruptions. softmax's own runs scatter around 100, which shows its seed noise; pairing a variant's
+        runs with softmax's on the same seed then tests the difference."""
+        base = {c: mean_std(list(self.values(BASELINE, CORRUPTION_ERROR + c).values()))[0] for c in self.corruptions()}
+        out = {}
+        for r in self.ok(variant):
+            ratios = [r.metrics[CORRUPTION_ERROR + c] / b for c, b in base.items()
+                      if CORRUPTION_ERROR + c in r.metrics and math.isfinite(b) and b > 0]
+            if ratios:
+                out[pair_key(r)] = 100 * sum(ratios) / len(ratios)
+        return out
+
+    def mce_cells(self, variant: str) -> tuple[str, str]:
+        """The mCE column (mean ± std over runs, n) and its paired Δ vs softmax column."""
+        values = self.mce(variant)
+        mean, std = mean_std(list(values.values()))
+        cell = f"{mean_cell(mean, std, len(values), 1)} (n={len(values)})" if values else "—"
+        if variant == BASELINE:
+            return cell, "—"
+        return cell, delta_text(paired_difference(values, self.mce(BASELINE)), False)  # uncorrected
 
     def figure_links(self, run_folders: dict[str, Path], folder: Path) -> list[str]:
         """Markdown links to each variant's per-run figures (first finished run), copied into ``folder/run-figures``
@@ -378,7 +390,8 @@ def delta_text(delta: dict | None, binary: bool) -> str:
     if not delta or not delta["n_pairs"]:
         return "—"
     n, mark = delta["n_pairs"], " *" if delta.get("p_holm", math.nan) < 0.05 else ""
-    tests = f"p={delta['p']:.3g}, Holm {delta['p_holm']:.3g}"
+    corrected = delta.get("p_holm", math.nan)
+    tests = f"p={delta['p']:.3g}" + (f", Holm {corrected:.3g}" if math.isfinite(corrected) else "")
     if binary:
         m = delta["mcnemar"]
         return f"{delta['mean']:+.2f} (n={n}; +{m['ours_only']}/−{m['base_only']} discordant; McNemar {tests}){mark}"
@@ -557,7 +570,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         with_mce = bool(b.corruptions()) and BASELINE in b.variants
         rate = ["success rate [Wilson 95%]"] if b.binary else []
         header = ["variant", "n", f"{b.primary} mean ± std", *rate, f"Δ vs {BASELINE}", *extras,
-                  *(["mCE vs softmax (%) ↓"] if with_mce else []), "diverged", "failed"]
+                  *(["mCE vs softmax (%) ↓", "Δ mCE (paired)"] if with_mce else []), "diverged", "failed"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in b.rows():
             v = r["variant"]
@@ -569,7 +582,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                      delta_text(r.get("delta"), b.binary),
                      *[success_cell(b, v, m) if b.is_binary(m) else mean_cell(*r["extra"][m], len(b.values(v, m)))
                        for m in extras],
-                     *([fmt(b.mce(v), 1)] if with_mce else []), str(r["diverged"]), str(r["failed"])]
+                     *(b.mce_cells(v) if with_mce else []), str(r["diverged"]), str(r["failed"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += tuned.get(b.title, [])
@@ -589,8 +602,10 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         if b.margin_rates():
             lines += margin_table(b)
         if with_mce:
-            lines += [f"mCE: per corruption ({', '.join(b.corruptions())}), error summed over its severities relative "
-                      f"to `{BASELINE}` (mean over runs), averaged over corruptions; 100 = as robust as `{BASELINE}`.", ""]
+            lines += [f"mCE: per run and corruption ({', '.join(b.corruptions())}), the error summed over its "
+                      f"severities relative to `{BASELINE}`'s mean over runs, averaged over corruptions; 100 = as robust "
+                      f"as `{BASELINE}` on average, and `{BASELINE}`'s own spread shows its seed noise. Δ mCE is paired "
+                      "on the seed (and grid cell), uncorrected.", ""]
         lines += [f"![{name}]({name})" for name in figures.get(b.title, [])] + [""]
         if links and links.get(b.title):
             lines += ["Per-run figures: " + " · ".join(links[b.title]), ""]
