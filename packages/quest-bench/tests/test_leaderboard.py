@@ -154,6 +154,8 @@ def test_a_tuned_suite_picks_each_variant_on_validation_and_reports_test(tmp_pat
     assert cells[7] == "1 / 0 of 9"
     softmax = next(line for line in md.splitlines() if line.startswith("| softmax | 211.000"))
     assert "| lr=0.003 | 200.000 |" in softmax
+    # the summary at the top compares each variant at its best cell, not pooled over the search
+    assert "| lm (tiny) | test_ppl ↓ | -15.000 (p 0.25, n=3) |" in md
 
 
 def test_performance_profile_ratios_by_hand():

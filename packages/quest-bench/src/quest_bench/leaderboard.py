@@ -445,19 +445,22 @@ def mean_cell(mean: float, std: float, n: int, digits: int = 3) -> str:
     return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
 
 
-def summary_table(boards: list[TaskBoard]) -> list[str]:
+def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dict]] | None = None) -> list[str]:
     """Tasks × variants: each variant's mean paired difference to softmax on the task's primary metric, with its
-    Holm-corrected p-value and the number of pairs; * where significant after correction."""
+    Holm-corrected p-value and the number of pairs; * where significant after correction. ``tuned_deltas`` (a tuned
+    suite's, by board title): the differences with each variant at its best cell instead of pooled over cells."""
     others = [v for v in variant_order({v for b in boards for v in b.variants}) if v != BASELINE]
     if not others or not any(BASELINE in b.variants for b in boards):
         return []
     lines = ["## Summary: Δ vs softmax", "",
              f"Mean paired difference of each task's primary metric to `{BASELINE}` (Δ > 0 is better where higher is "
              "better), its Holm-corrected p-value and the number of pairs n; * = significant at 0.05 after "
-             "correction; — = no pairs. The task sections below give the test used and the per-pair values.", "",
+             "correction; — = no pairs. The task sections below give the test used and the per-pair values."
+             + (" Tuned suite: each variant at its own best cell (chosen on validation), paired on the seed."
+                if tuned_deltas else ""), "",
              "| task | primary | " + " | ".join(others) + " |", "|---|---|" + "---|" * len(others)]
     for b in boards:
-        deltas = {r["variant"]: r.get("delta") for r in b.rows()}
+        deltas = (tuned_deltas or {}).get(b.title) or {r["variant"]: r.get("delta") for r in b.rows()}
         cells = []
         for v in others:
             d = deltas.get(v)
@@ -522,10 +525,10 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
              robust_wins: dict[str, float] | None = None, tune: tuple[str, ...] = (),
              folder: Path | None = None) -> str:
     lines = [f"# Leaderboard: {suite}", ""]
-    tuned, scores = {}, {}
+    tuned, scores, at_best = {}, {}, {}
     for b in boards:
         if tune:
-            tuned[b.title], scores[b.title] = tuned_table(b, tune)
+            tuned[b.title], scores[b.title], at_best[b.title] = tuned_table(b, tune)
         else:
             scores[b.title] = {v: b.row(v)["mean"] for v in b.variants}
     few = too_few(boards)
@@ -544,7 +547,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
               "after correction (with n pairs the smallest sign-flip p is 2/2^n, 0.25 at n = 3: fewer than 6 pairs "
               "can never be significant). Diverged and failed runs are counted beside the means and as failures in "
               "success rates.", ""]
-    lines += summary_table(boards)
+    lines += summary_table(boards, at_best)
     possible, needed, most = win_rate_possible(boards)
     if wins and not few and not possible:
         lines += ["## Mean win rate across tasks", "",
@@ -618,13 +621,13 @@ def searched_values(b: TaskBoard, key: str) -> str:
     return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in values)
 
 
-def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[str, float]]:
-    """The equal-tuning-budget section of a board (quest_bench.tuning) and each variant's test mean at its best
-    cell (for the performance profile)."""
+def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[str, float], dict[str, dict]]:
+    """The equal-tuning-budget section of a board (quest_bench.tuning), each variant's test mean at its best cell
+    (for the performance profile) and its paired difference to softmax there (for the summary)."""
     val = next((r.validation_metric for r in b.runs if r.validation_metric), "")
     space = ", ".join(f"{k} ∈ {{{searched_values(b, k)}}}" for k in keys)
     if not val:
-        return [f"Equal tuning budget over {space}: not computed, the task reports no validation metric.", ""], {}
+        return [f"Equal tuning budget over {space}: not computed, the task reports no validation metric.", ""], {}, {}
     options = {v: tuning.choices(b.by_variant[v], keys, val) for v in b.variants}
     chosen = {v: tuning.best(options[v], b.higher) for v in b.variants}
     default = tuning.default_cell(b.task, b.preset, keys)
@@ -662,7 +665,7 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[st
             c.label() if c else "none (no cell with every seed finished)", fmt(c.validation) if c else "—",
             mean_of(c), delta_text(d_best.get(v), False),
             f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)} |"]))
-    return lines + [""], scores
+    return lines + [""], scores, d_best
 
 
 def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, bool], folder: Path) -> list[str]:
