@@ -171,3 +171,12 @@ def test_performance_profile_ratios_by_hand():
     rho = profiles.profile(ratios, taus=(1.0, 1.1, 2.0))
     assert rho["quest"] == pytest.approx([1 / 3, 2 / 3, 2 / 3])  # best on ppl; 1.1x on acc; never on "gone"
     assert rho["softmax"] == pytest.approx([2 / 3, 1.0, 1.0])
+
+
+def test_a_cell_with_missing_seeds_cannot_be_chosen():
+    """A search still running: quest's lr=0.03 cell has the best validation value but one of its three seeds."""
+    from quest_bench import tuning
+
+    runs = [tuned_run("quest", s, 0.01, 190, 195)[1] for s in range(3)] + [tuned_run("quest", 0, 0.03, 100, 100)[1]]
+    options = tuning.choices(runs, ("lr",), "valid_ppl")
+    assert tuning.best(options, higher_is_better=False).cell == {"lr": 0.01}

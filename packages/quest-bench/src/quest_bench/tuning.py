@@ -1,6 +1,7 @@
 """Equal tuning budgets (what MLCommons AlgoPerf calls external tuning): every variant searches the same grid of
 hyper-parameters (a suite's ``tune`` keys); per variant, the cell with the best mean validation metric over its
-seeds is chosen, and that cell's test metric is what is reported. A cell counts only if every seed of it finished;
+seeds is chosen, and that cell's test metric is what is reported. A cell counts only if all its seeds ran (as many
+runs as the variant's fullest cell) and finished;
 the default recipe (the preset's own values) is reported beside, so that tuning gains show."""
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def choices(runs: list[RunResult], keys: tuple[str, ...], validation_metric: str
     for r in runs:
         groups[json.dumps({k: r.overrides.get(k) for k in keys}, sort_keys=True)].append(r)
     out = []
+    seeds = max((len(cell_runs) for cell_runs in groups.values()), default=0)  # a cell still running has fewer
     for cell, cell_runs in groups.items():
-        complete = all(usable(r, validation_metric) for r in cell_runs)
+        complete = len(cell_runs) == seeds and all(usable(r, validation_metric) for r in cell_runs)
         value = mean_std([r.metrics[validation_metric] for r in cell_runs])[0] if complete else math.nan
         out.append(Choice(json.loads(cell), cell_runs, value))
     return out
