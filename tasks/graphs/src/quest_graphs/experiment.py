@@ -1,0 +1,163 @@
+"""A ``graphs`` / ``graphs-regression`` run: data, model, training and evaluation (the tasks' metadata and configs
+are in ``quest_graphs.task``, which imports none of this, so that listing tasks stays fast).
+
+Metrics. Classification: ``test_acc`` (primary), ``val_acc`` (the same on the validation split, for tuning),
+``test_rocauc`` / ``val_rocauc`` (ROC-AUC; macro one-vs-rest over the classes present when there are more than
+two), ``majority_acc`` (the training set's most frequent class, predicted for every test molecule) and the shared
+robustness vocabulary (``corruption_acc/<name>``, ``corruption_error/<name>`` for mCE, ``corrupted_acc``).
+Regression: ``test_mae`` (primary), ``val_mae``, ``mean_predictor_mae`` (the training mean predicted for every test
+molecule), ``corruption_mae/<name>`` (averaged over severities) and ``corrupted_mae``; no ``corruption_error/``
+(an error in target units is no 1 - score, so the leaderboard's mCE is left to the classification task). The model
+is scored as it is at the end of training (no checkpoint selection on validation).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Batch, Data
+
+from quest_graphs.corruptions import CORRUPTIONS, SEVERITIES, Vocabulary, corrupt
+from quest_graphs.data import MoleculeGraphs, load, targets, with_random_walk_pe
+from quest_graphs.model import GraphGPS
+from quest_graphs.task import GraphsConfig
+from quest_sdk.data import stratified_subset
+from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
+from quest_sdk.robustness import corruption_summary
+from quest_sdk.task import TaskOutput
+
+
+def run(cfg: GraphsConfig, ctx) -> TaskOutput:
+    torch.manual_seed(ctx.seed)
+    device = torch.device(ctx.device)
+    data = load(cfg.dataset, ctx.data_root)
+    train_set, val_set, test_set = (with_random_walk_pe(g, cfg.walk_length) for g in (data.train, data.val, data.test))
+    scale = TargetScale.of(data)
+    model = make_model(cfg, data, ctx.variant).to(device)
+    steps = train(model, cfg, train_set, scale, ctx)
+
+    score = mean_absolute_error if data.is_regression else accuracy
+    test_out, val_out = predict(model, test_set, device), predict(model, val_set, device)
+    name = "mae" if data.is_regression else "acc"
+    metrics = {f"test_{name}": score(scale.undo(test_out), targets(test_set)),
+               f"val_{name}": score(scale.undo(val_out), targets(val_set)),
+               **baselines(data)}
+    if not data.is_regression:
+        metrics |= {"test_rocauc": roc_auc(test_out, targets(test_set)),
+                    "val_rocauc": roc_auc(val_out, targets(val_set))}
+    metrics |= robustness(model, cfg, data, test_set, scale, ctx.seed, device)
+    metrics |= {f"final_{k}": v for k, v in ctx.telemetry_last.items()}
+    return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
+                      samples_seen=steps * cfg.batch_size)
+
+
+def make_model(cfg: GraphsConfig, data: MoleculeGraphs, variant: str | None) -> GraphGPS:
+    return GraphGPS(data.atom_cardinalities, data.bond_cardinalities, 1 if data.is_regression else len(data.classes),
+                    variant, dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, walk_length=cfg.walk_length,
+                    pe_dim=cfg.pe_dim, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout, pool=cfg.pool,
+                    norm=cfg.norm, pe_norm=cfg.pe_norm)
+
+
+class TargetScale:
+    """Regression targets standardised with the training mean and standard deviation (the model predicts in those
+    units; ``undo`` maps back); classification logits pass through."""
+
+    def __init__(self, mean: float = 0.0, std: float = 1.0, regression: bool = False):
+        self.mean, self.std, self.regression = mean, std, regression
+
+    @classmethod
+    def of(cls, data: MoleculeGraphs) -> "TargetScale":
+        if not data.is_regression:
+            return cls()
+        y = targets(data.train)
+        return cls(y.mean().item(), y.std().clamp_min(1e-8).item(), regression=True)
+
+    def apply(self, y: torch.Tensor) -> torch.Tensor:
+        return (y - self.mean) / self.std if self.regression else y
+
+    def undo(self, out: torch.Tensor) -> torch.Tensor:
+        return out.squeeze(-1) * self.std + self.mean if self.regression else out
+
+
+def train(model: GraphGPS, cfg: GraphsConfig, graphs: list[Data], scale: TargetScale, ctx) -> int:
+    """The shared engine: shuffled epochs of ``Batch.from_data_list``; cross-entropy, or L1 on standardised targets
+    (GraphGPS's ZINC loss). Returns the number of steps."""
+    per_epoch = steps_per_epoch(len(graphs), cfg.batch_size, "training molecules")
+    steps = cfg.epochs * per_epoch
+    warmup = min(steps, int(cfg.warmup_epochs * per_epoch))  # a run shortened below its warm-up warms up throughout
+    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=warmup,
+                                            grad_clip=cfg.grad_clip, amp=cfg.amp, log_every=cfg.log_every),
+                      f"graphs/{cfg.dataset}")
+
+    def loss_fn(net, idx, rng):  # no random augmentation: the step's generator is unused
+        batch = Batch.from_data_list([graphs[i] for i in idx]).to(trainer.device)
+        out = net(batch)
+        if scale.regression:
+            return F.l1_loss(out.squeeze(-1).float(), scale.apply(batch.y))
+        return F.cross_entropy(out.float(), batch.y)
+
+    trainer.fit(trainer.epoch_batches(len(graphs), cfg.batch_size).from_step, loss_fn)
+    return steps
+
+
+@torch.no_grad()
+def predict(model: GraphGPS, graphs: list[Data], device, batch_size: int = 256) -> torch.Tensor:
+    """Model outputs (N, out_dim) in float32, in the order of ``graphs``."""
+    model.eval()
+    out = [model(Batch.from_data_list(graphs[i: i + batch_size]).to(device)).float().cpu()
+           for i in range(0, len(graphs), batch_size)]
+    return torch.cat(out) if out else torch.zeros(0, 1)
+
+
+def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
+    return (logits.argmax(-1) == y).float().mean().item()
+
+
+def mean_absolute_error(pred: torch.Tensor, y: torch.Tensor) -> float:
+    return (pred - y).abs().mean().item()
+
+
+def roc_auc(logits: torch.Tensor, y: torch.Tensor) -> float:
+    """ROC-AUC of the predicted probabilities: of the positive class for two classes, else the mean one-vs-rest
+    AUC over the classes that occur with both outcomes in ``y``; NaN when none does."""
+    from sklearn.metrics import roc_auc_score  # scikit-learn comes with datamol
+
+    probs = logits.softmax(-1).numpy()
+    columns = [1] if logits.shape[1] == 2 else range(logits.shape[1])
+    aucs = [roc_auc_score((y == c).numpy(), probs[:, c]) for c in columns if 0 < int((y == c).sum()) < len(y)]
+    return sum(aucs) / len(aucs) if aucs else float("nan")
+
+
+def baselines(data: MoleculeGraphs) -> dict[str, float]:
+    """The score of a model that ignores the molecule: the training majority class, or the training mean."""
+    y_train, y_test = targets(data.train), targets(data.test)
+    if data.is_regression:
+        return {"mean_predictor_mae": (y_test - y_train.mean()).abs().mean().item()}
+    return {"majority_acc": (y_test == torch.bincount(y_train).argmax()).float().mean().item()}
+
+
+def robustness(model: GraphGPS, cfg: GraphsConfig, data: MoleculeGraphs, test_set: list[Data], scale: TargetScale,
+               seed: int, device) -> dict[str, float]:
+    """Scores on corrupted test graphs (``corruption_samples`` of them, 0 = all), encodings recomputed after the
+    corruption; one seed per corruption for every severity, so severities nest."""
+    y = targets(test_set)
+    if data.is_regression:
+        keep = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:cfg.corruption_samples or len(y)]
+        keep = keep.sort().values
+    else:
+        keep = stratified_subset(y, cfg.corruption_samples, seed)
+    graphs, y = [test_set[i] for i in keep.tolist()], y[keep]
+    vocab = Vocabulary.of(data.train)
+    scores = {}
+    for i, name in enumerate(CORRUPTIONS):
+        per_severity = []
+        for s in SEVERITIES:
+            corrupted = with_random_walk_pe(corrupt(graphs, name, s, vocab, seed=seed * 1000 + i), cfg.walk_length)
+            out = scale.undo(predict(model, corrupted, device))
+            per_severity.append(mean_absolute_error(out, y) if data.is_regression else accuracy(out, y))
+        scores[name] = per_severity
+    if not data.is_regression:
+        return corruption_summary(scores)
+    every = [v for values in scores.values() for v in values]
+    return {**{f"corruption_mae/{n}": sum(v) / len(v) for n, v in scores.items()},
+            "corrupted_mae": sum(every) / len(every)}
