@@ -250,3 +250,17 @@ def test_timm_attn_layer_builds_a_quest_vit():
     import pickle
 
     assert type(pickle.loads(pickle.dumps(model)).blocks[0].attn) is qc.timm_attn_layer("quest")
+
+
+@pytest.mark.parametrize("variant", ["softmax", "quest"])
+def test_transformer_block_is_pre_norm_attention_then_mlp_and_respects_causality(variant):
+    from quest_core import TransformerBlock
+
+    torch.manual_seed(0)
+    block = TransformerBlock(16, 4, variant, mlp_ratio=2.0).double().eval()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    h = x + block.attn(block.norm1(x), is_causal=True)
+    torch.testing.assert_close(block(x, is_causal=True), h + block.mlp(block.norm2(h)))
+    changed = x.clone()
+    changed[:, 5:] += 1.0  # a later token cannot change an earlier output
+    torch.testing.assert_close(block(changed, is_causal=True)[:, :5], block(x, is_causal=True)[:, :5])

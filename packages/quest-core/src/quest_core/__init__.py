@@ -7,7 +7,7 @@ fused ``F.scaled_dot_product_attention`` call with an explicit scale.
 - ``attention(q, k, v, variant=...)``: functional, SDPA semantics, parameter-free variants.
 - ``AttentionKernel``: the same as a module, owning the learnable parameters its variant declares.
 - ``register_variant(Variant(...))``: add a variant (one declaration; see ``quest_core.variants``).
-- ``MultiheadAttention``: drop-in for ``torch.nn.MultiheadAttention``; ``SelfAttention``: a block for new models.
+- ``MultiheadAttention``: drop-in for ``torch.nn.MultiheadAttention``; ``SelfAttention`` and ``TransformerBlock`` (pre-norm attention + MLP): blocks for new models.
 - ``swap_attention(model, variant)``: in-place surgery of third-party models; ``timm_attn_layer(variant)``.
 - ``link_elliptical(model)``: the inter-layer state of the elliptical variants, for models built directly.
 - ``Telemetry``: opt-in per-layer query/key norms, max logit and attention entropy.
@@ -21,7 +21,7 @@ _EXPORTS = {
     "MetricChain": "elliptical", "link_elliptical": "elliptical",
     "attention": "functional", "l2_normalize": "functional",
     "AttentionKernel": "kernel", "no_weight_decay": "kernel",
-    "MultiheadAttention": "modules", "SelfAttention": "modules",
+    "MultiheadAttention": "modules", "SelfAttention": "modules", "TransformerBlock": "modules",
     "SwapReport": "surgery", "swap_attention": "surgery",
     "Telemetry": "telemetry", "summarize": "telemetry",
     **{name: "variants" for name in ("Param", "Side", "Variant", "VariantSpec", "get_variant", "henry_scale_init",

@@ -159,3 +159,22 @@ class SelfAttention(nn.Module):
             dropout_p=self.attn_drop if self.training else 0.0,
         )
         return self.proj_drop(self.proj(out_bhld.transpose(1, 2).flatten(2)))
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer block for new models: x + attn(LN(x)), then x + MLP(LN(x)), the attention a
+    ``SelfAttention`` of ``variant``; (B, L, dim) -> (B, L, dim). ``attn_mask`` and ``is_causal`` go to the
+    attention unchanged."""
+
+    def __init__(self, dim: int, num_heads: int, variant: str = "quest", mlp_ratio: float = 4.0, dropout: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = SelfAttention(dim, num_heads, variant, attn_drop=dropout, proj_drop=dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+    def forward(self, x_bld: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
+        x_bld = x_bld + self.attn(self.norm1(x_bld), attn_mask=attn_mask, is_causal=is_causal)
+        return x_bld + self.mlp(self.norm2(x_bld))

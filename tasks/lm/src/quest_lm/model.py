@@ -19,21 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quest_core import SelfAttention, link_elliptical
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, variant: str, mlp_ratio: float, dropout: float):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = SelfAttention(dim, num_heads, variant, attn_drop=dropout, proj_drop=dropout)
-        self.norm2 = nn.LayerNorm(dim)
-        hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
-
-    def forward(self, x_bld: torch.Tensor) -> torch.Tensor:
-        x_bld = x_bld + self.attn(self.norm1(x_bld), is_causal=True)
-        return x_bld + self.mlp(self.norm2(x_bld))
+from quest_core import TransformerBlock, link_elliptical
 
 
 class GPT(nn.Module):
@@ -47,7 +33,8 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, dim)
         self.pos_emb = nn.Embedding(context, dim)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(dim, num_heads, variant, mlp_ratio, dropout) for _ in range(depth))
+        self.blocks = nn.ModuleList(TransformerBlock(dim, num_heads, variant, mlp_ratio, dropout)
+                                    for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         cutoffs = [c for c in adaptive_cutoffs if c < vocab_size - 1]
         self.adaptive = nn.AdaptiveLogSoftmaxWithLoss(dim, vocab_size, cutoffs, div_value=adaptive_div) if cutoffs else None
@@ -77,7 +64,7 @@ class GPT(nn.Module):
         pos_l = torch.arange(idx_bl.shape[1], device=idx_bl.device)
         x_bld = self.drop(self.tok_emb(idx_bl) + self.pos_emb(pos_l))
         for block in self.blocks:
-            x_bld = block(x_bld)
+            x_bld = block(x_bld, is_causal=True)
         return self.norm(x_bld)
 
     def logits(self, idx_bl: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Tokens are patches of ``patch_len`` consecutive steps (one step per token with ``patch_len=1``): a linear embedding
 of the patch's values (0 where a step is unobserved) together with its observed-step flags, plus a sinusoidal
 embedding of the patch's position in time (no length limit, and a missing step leaves the others at their own
-times). Pre-norm blocks (LayerNorm -> ``quest_core.SelfAttention`` -> residual; LayerNorm -> GELU MLP -> residual),
+times). Pre-norm blocks (``quest_core.TransformerBlock``: LayerNorm -> attention -> residual; LayerNorm -> GELU MLP -> residual),
 a final LayerNorm, the mean over valid tokens, a linear head. Built from quest-core's modules directly, as the
 ``lm`` and ``points`` models are (no surgery).
 
@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from quest_core import AttentionKernel, SelfAttention
+from quest_core import AttentionKernel, TransformerBlock
 from quest_core.elliptical import MetricChain
 
 
@@ -52,20 +52,6 @@ def sinusoidal(pos_bl: torch.Tensor, dim: int, dtype: torch.dtype = torch.float3
     return torch.stack([angle_blf.sin(), angle_blf.cos()], -1).flatten(-2)[..., :dim]
 
 
-class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, variant: str, mlp_ratio: float, dropout: float):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = SelfAttention(dim, num_heads, variant, attn_drop=dropout, proj_drop=dropout)
-        self.norm2 = nn.LayerNorm(dim)
-        hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.Dropout(dropout))
-
-    def forward(self, x_bld: torch.Tensor, keys_b11l: torch.Tensor) -> torch.Tensor:
-        x_bld = x_bld + self.attn(self.norm1(x_bld), attn_mask=keys_b11l)
-        return x_bld + self.mlp(self.norm2(x_bld))
-
-
 class SeriesTransformer(nn.Module):
     """Values (B, T, C) and observed steps (B, T) -> class logits (B, classes)."""
 
@@ -74,7 +60,8 @@ class SeriesTransformer(nn.Module):
         super().__init__()
         self.channels, self.patch_len, self.dim = channels, patch_len, dim
         self.embed = nn.Linear(patch_len * (channels + 1), dim)  # values and observed flags of each step
-        self.blocks = nn.ModuleList(Block(dim, num_heads, variant, mlp_ratio, dropout) for _ in range(depth))
+        self.blocks = nn.ModuleList(TransformerBlock(dim, num_heads, variant, mlp_ratio, dropout)
+                                    for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
         self.metric_chain = ValidStepsMetricChain()  # elliptical variants (others never call it)
@@ -110,7 +97,7 @@ class SeriesTransformer(nn.Module):
         self.metric_chain.start(valid_bl)
         keys_b11l = valid_bl[:, None, None, :]  # SDPA: True = may attend
         for block in self.blocks:
-            x_bld = block(x_bld, keys_b11l)
+            x_bld = block(x_bld, attn_mask=keys_b11l)
         x_bld = self.norm(x_bld)
         weights_bl1 = valid_bl[..., None].to(x_bld.dtype)
         pooled_bd = (x_bld * weights_bl1).sum(1) / weights_bl1.sum(1)
