@@ -180,3 +180,23 @@ def test_a_cell_with_missing_seeds_cannot_be_chosen():
     runs = [tuned_run("quest", s, 0.01, 190, 195)[1] for s in range(3)] + [tuned_run("quest", 0, 0.03, 100, 100)[1]]
     options = tuning.choices(runs, ("lr",), "valid_ppl")
     assert tuning.best(options, higher_is_better=False).cell == {"lr": 0.01}
+
+
+def test_the_performance_profile_covers_tuned_and_untuned_boards(tmp_path):
+    """Two tasks on one page: lm (tuned, each variant at its best lr) and a task without a validation metric (its
+    mean over every run); quest is best on lm (ppl 190 vs 200) and 0.9/0.8 = 1.125x behind on the other."""
+    store = Store(tmp_path / "two")
+    for seed in range(2):
+        for spec, r in (tuned_run("softmax", seed, 0.003, 200, 200), tuned_run("softmax", seed, 0.01, 210, 205),
+                        tuned_run("quest", seed, 0.003, 205, 205), tuned_run("quest", seed, 0.01, 190, 190)):
+            store.write(spec, r)
+        for variant, acc in (("softmax", 0.9), ("quest", 0.8)):
+            spec = RunSpec("image-cls", variant, "tiny", seed, {"lr": 0.003}, "x")
+            store.write(spec, RunResult(run_id=spec.run_id, task="image-cls", task_version="1", variant=variant,
+                                        preset="tiny", seed=seed, overrides={"lr": 0.003}, status="ok",
+                                        primary_metric="test_acc", metrics={"test_acc": acc}))
+    folder = write_leaderboard(store, "two", tune=("lr",))
+    md = (folder / "README.md").read_text()
+    assert "| quest | 0.50 | 0.50 | 0.50 | 0.50 | 0.50 | 1.00 | 1.00 | 1.00 |" in md
+    assert "| softmax | 0.50 | 0.50 | 0.50 | 0.50 | 1.00 |" in md  # 200/190 = 1.053: within τ = 1.1, not 1.05
+    assert (folder / "performance-profile.png").stat().st_size > 1000

@@ -529,7 +529,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
     for b in boards:
         if tune:
             tuned[b.title], scores[b.title], at_best[b.title] = tuned_table(b, tune)
-        else:
+        if not scores.get(b.title):  # not tuned (or nothing to tune on): the mean over every run
             scores[b.title] = {v: b.row(v)["mean"] for v in b.variants}
     few = too_few(boards)
     if few:
