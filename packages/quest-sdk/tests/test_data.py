@@ -36,3 +36,5 @@ def test_validation_split_is_disjoint_stratified_and_fixed():
         validation_split(labels, 1.0)
     with pytest.raises(ValueError, match="cannot hold out a stratified 0.5 of 3 training examples"):
         validation_split(torch.tensor([0, 1, 1]), 0.5)  # a class of one cannot be split
+    tiny = torch.arange(3).repeat(4)  # 12 examples, 3 classes: 10% would be 1, fewer than the classes
+    assert torch.bincount(tiny[validation_split(tiny, 0.1)[1]]).tolist() == [1, 1, 1]

@@ -85,7 +85,8 @@ SPLIT_SEED = 0  # validation splits are fixed per dataset, never drawn from the 
 def validation_split(labels, fraction: float, seed: int = SPLIT_SEED):
     """Sorted (train, validation) index tensors: a class-stratified ``fraction`` of the training examples held out
     for validation (what a ``-tuned`` suite selects hyper-parameters on), through scikit-learn's
-    ``train_test_split``; the same for every run. ``fraction`` 0 gives no validation examples."""
+    ``train_test_split``; the same for every run, with at least one example of every class. ``fraction`` 0 gives
+    no validation examples."""
     import numpy as np
     import torch
     from sklearn.model_selection import train_test_split
@@ -96,8 +97,9 @@ def validation_split(labels, fraction: float, seed: int = SPLIT_SEED):
     idx = np.arange(len(labels))
     if not fraction:
         return torch.from_numpy(idx), torch.zeros(0, dtype=torch.long)
+    size = max(round(fraction * len(labels)), len(np.unique(labels)))  # at least one example of every class
     try:
-        train, val = train_test_split(idx, test_size=fraction, stratify=labels, random_state=seed)
+        train, val = train_test_split(idx, test_size=size, stratify=labels, random_state=seed)
     except ValueError as err:
         raise ValueError(f"cannot hold out a stratified {fraction:g} of {len(labels)} training examples: {err}") from None
     return torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(val))
