@@ -419,10 +419,12 @@ def cell_success_table(b: TaskBoard) -> list[str]:
     binary = [m for m in b.directions if b.is_binary(m)]
     continuous = [m for m in b.directions if not b.is_binary(m)]  # the one closest in name to the primary
     score = max(continuous, key=lambda m: len(os.path.commonprefix([m, b.primary])), default=None)
+    seeds = max(len(b.in_cell(cell).by_variant[v]) for cell in b.grid_cells() for v in b.in_cell(cell).variants)
     lines = [f"By grid cell, paired with `{BASELINE}` on the cell's seeds: successes k/n with (+ours only/−"
              f"{BASELINE} only, exact McNemar p){', and the mean `' + score + '` with its mean paired difference and exact sign-flip p' if score else ''}. "
-             "p-values are per cell and uncorrected; with 5 seeds no single cell can reach p < 0.05 (McNemar's "
-             "smallest p with 5 pairs is 0.0625), so read the cells as a map and the pooled table above for tests.", "",
+             f"p-values are per cell and uncorrected; with {seeds} pairs per cell the smallest exact p is "
+             f"{2 / 2 ** seeds:.3g}" + (", so no single cell can reach p < 0.05: read the cells as a map and the pooled "
+                                      "table above for tests." if 2 / 2 ** seeds >= 0.05 else "."), "",
              "| cell | variant | " + " | ".join(binary) + (f" | {score} (Δ, p)" if score else "") + " |",
              "|---|---|" + "---|" * (len(binary) + bool(score))]
     for cell in b.grid_cells():
