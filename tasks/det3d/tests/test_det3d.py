@@ -66,6 +66,27 @@ def test_ground_truth_submitted_as_predictions_scores_ap_one_and_a_shift_is_pena
     assert 0.7 < m["mATE"] < 0.8 and m["mAP"] < 0.8  # 0.75 m off: missed at the 0.5 m threshold only
 
 
+def test_the_tuning_split_is_a_held_out_training_scene_the_devkit_scores(sim, tmp_path):
+    from nuscenes.utils.splits import create_splits_scenes
+
+    root, nusc = sim
+    custom = D.mini_custom_splits()
+    assert sorted(custom["quest_train"] + custom["quest_tune"]) == sorted(create_splits_scenes()["mini_train"])
+    assert len(custom["quest_tune"]) == 1 and not set(custom["quest_train"]) & set(custom["quest_tune"])
+    train = D.load_split(nusc, "quest_train", D.SIM_CLASSES, SWEEPS, 32.0, progress=False)
+    tune = D.load_split(nusc, "quest_tune", D.SIM_CLASSES, SWEEPS, 32.0, progress=False)
+    assert len(train) == 7 * SAMPLES and len(tune) == SAMPLES and not {s.token for s in train} & {s.token for s in tune}
+    perfect = [(np.nan_to_num(s.boxes), np.ones(len(s.boxes)), s.labels) for s in tune]
+    m = evaluate(nusc, "quest_tune", submission(tune, perfect, D.SIM_CLASSES), detection_config(D.SIM_CLASSES, 32.0),
+                 tmp_path / "tune")
+    assert m["mAP"] > 0.999  # scored by the devkit's custom-split path, on the held-out scene only
+
+    bare = tmp_path / "bare"  # a nuScenes-mini without the splits file: told what to do
+    shutil.copytree(root, bare, ignore=shutil.ignore_patterns("splits.json"))
+    with pytest.raises(ValueError, match="write_mini_custom_splits"):
+        D.split_tokens(D.open_nuscenes(bare, "v1.0-mini"), "quest_tune")
+
+
 def test_sample_boxes_match_the_devkits_global_boxes(sim, val):
     _, nusc = sim
     sample = val[1]
@@ -242,7 +263,8 @@ def test_an_interrupted_run_resumes_bitwise(sim, tmp_path, monkeypatch):
     from quest_sdk.testing import straight_and_resumed
 
     monkeypatch.setattr(D, "CACHE", sim[0].parent.parent)  # the module's simulated dataset, built once
-    # 32 training samples in batches of 4: 8 steps, checkpoints at 4 and 8, stopped at 6; a narrow model on a
+    # 28 training samples (one of the 8 scenes held out to tune) in batches of 4: 7 steps, checkpoints at 4 and 7,
+    # stopped at 6; a narrow model on a
     # 8 m grid, augmentation on (it draws from the step's generator, so it must resume too), no corruptions
     cfg = Det3dTask().make_config("tiny", {"sim_samples": SAMPLES, "sweeps": 1, "extent": 8.0, "width": 8,
                                            "pillar_width": 8, "dim": 16, "depth": 1, "num_heads": 2, "epochs": 1,
@@ -250,7 +272,7 @@ def test_an_interrupted_run_resumes_bitwise(sim, tmp_path, monkeypatch):
                                            "log_every": 1})
     straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=4, crash_step=6)
     assert step == 4 and resumed == straight
-    assert {"NDS", "mAP", "final_max_logit"} <= straight.keys()
+    assert {"NDS", "mAP", "val_nds", "val_map", "final_max_logit"} <= straight.keys()
     rows = [(tmp_path / run_dir / "events.jsonl").read_text() for run_dir in ("straight", "resumed")]
     assert rows[0] == rows[1] and '"heatmap_loss"' in rows[0] and '"code_loss"' in rows[0]
 
@@ -266,5 +288,6 @@ def test_a_tiny_run_learns_and_reports_devkit_metrics_and_robustness(tmp_path, m
     assert result.status == "ok", result.reason
     m = result.metrics
     assert m["mAP"] > 0.25 and m["AP/car"] > 0.4 and 0 < m["NDS"] < 1
+    assert m["val_map"] > 0.25 and 0 < m["val_nds"] < 1  # the held-out training scene
     assert {f"corruption_error/{c}" for c in CORRUPTIONS} <= set(m) and m["corrupted_nds"] < m["NDS"]
     assert "final_max_logit" in m and (tmp_path / "run" / "nuscenes_eval" / "results_nusc.json").exists()

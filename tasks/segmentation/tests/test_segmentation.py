@@ -6,6 +6,7 @@ import copy
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import quest_segmentation.mmcv_shim  # noqa: F401  (the mmcv-lite shim, before mmengine/mmseg)
@@ -193,6 +194,28 @@ class CountIterations(Hook):
 
 
 @pytest.mark.slow
+def test_the_tuning_split_holds_out_a_fixed_part_of_training_only(tmp_path):
+    from mmengine.config import Config
+    from mmseg.registry import DATASETS
+    from mmseg.utils import register_all_modules
+
+    register_all_modules()
+    root = D.texture_mosaics(40, 4, 32, cache=tmp_path / "cache")
+    train_txt, tune_txt = D.tuning_split(root, 0.1, tmp_path / "a")
+    train, tune = (p.read_text().split() for p in (train_txt, tune_txt))
+    assert len(tune) == 4 and len(train) == 36 and not set(train) & set(tune)
+    assert sorted(train + tune) == sorted(p.stem for p in (root / "images" / "training").glob("*.jpg"))
+    again = D.tuning_split(root, 0.1, tmp_path / "b")  # the same for every run
+    assert [p.read_text() for p in again] == [train_txt.read_text(), tune_txt.read_text()]
+    assert D.tuning_split(root, 0.0, tmp_path / "c") is None
+
+    cfg = Config.fromfile(TINY)  # the training loader reads only the kept images
+    dataset_cfg = copy.deepcopy(cfg.train_dataloader.dataset)
+    dataset_cfg.data_root, dataset_cfg.ann_file = str(root), str(train_txt)
+    dataset = DATASETS.build(dataset_cfg)
+    assert sorted(Path(dataset.get_data_info(i)["img_path"]).stem for i in range(len(dataset))) == sorted(train)
+
+
 def test_checkpoint_resume_round_trips_under_weights_only_loading(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)
     straight = runner_for(tmp_path, tmp_path / "straight", iters=4)
@@ -219,6 +242,7 @@ def test_a_tiny_run_learns_and_reports_corrupted_miou(tmp_path):
     assert result.status == "ok", result.reason
     m = result.metrics
     assert m["miou"] > 0.25 and m["aacc"] > 0.4  # chance: aAcc ~0.1, mIoU ~0.05 for 10 classes
+    assert m["val_miou"] > 0.25  # the held-out 10% of the training mosaics
     assert {f"corruption_error/{c}" for c in CORRUPTIONS} <= set(m) and 0 < m["corrupted_miou"] < 1
     assert "final_max_logit" in m and len((tmp_path / "run" / "events.jsonl").read_text().splitlines()) >= 15
     assert (tmp_path / "run" / "predictions.png").stat().st_size > 10_000

@@ -2,7 +2,7 @@
 both read through the official devkit.
 
 - ``simulated_root`` writes ten simulated scenes under the official v1.0-mini scene names (``mini_train``: 8,
-  ``mini_val``: 2) into ``~/.cache/quest-bench/det3d`` (``QUEST_BENCH_CACHE`` moves it), once per setting.
+  ``mini_val``: 2; the tuning splits ``quest_train``: 7 and ``quest_tune``: 1 as the devkit's custom splits) into ``~/.cache/quest-bench/det3d`` (``QUEST_BENCH_CACHE`` moves it), once per setting.
 - ``nuscenes_root`` finds a real nuScenes folder under the data root: ``<data-root>/nuscenes/<version>/`` or
   ``<data-root>/<version>/``, with ``samples/`` and ``sweeps/`` next to the version folder (the official layout).
 - ``load_split`` reads a split's samples (clouds in memory, or read on use for large sets) through the devkit:
@@ -14,6 +14,8 @@ both read through the official devkit.
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,11 @@ from quest_sdk.data import CACHE, build_once
 SIM_VERSION = 1  # bump when the simulator or the writer changes (part of the cache folder name)
 SIM_CLASSES = ("car", "truck", "pedestrian", "bicycle", "traffic_cone", "barrier")
 SPLITS = {"v1.0-mini": ("mini_train", "mini_val"), "v1.0-trainval": ("train", "val")}
+# Tuning splits: training scenes held out for choosing hyper-parameters (val_nds), so the reported split stays
+# untouched. trainval: the devkit's own halves of train (train_detect to train, train_track to tune). The mini
+# versions: one of mini_train's 8 scenes, as the devkit's custom splits ("<version>/splits.json").
+TUNING_SPLITS = {"v1.0-mini": ("quest_train", "quest_tune"), "v1.0-trainval": ("train_detect", "train_track")}
+MINI_TUNE_SCENES = ("scene-1100",)  # the last of mini_train's scenes
 
 
 @dataclass
@@ -68,7 +75,9 @@ def simulated_root(samples_per_scene: int, between: int = 1, seed: int = 0, cach
         writer.finish()
 
     root = (cache or CACHE) / "det3d" / f"sim-v{SIM_VERSION}-{samples_per_scene}x{between}-seed{seed}"
-    return build_once(root, build, done="v1.0-mini/scene.json")
+    root = build_once(root, build, done="v1.0-mini/scene.json")
+    write_mini_custom_splits(root)  # the tuning splits (also into folders built before they existed)
+    return root
 
 
 def nuscenes_root(data_root: str | Path, version: str, sweeps: int = 1) -> Path:
@@ -94,11 +103,33 @@ def open_nuscenes(root: Path, version: str):
     return NuScenes(version=version, dataroot=str(root), verbose=False)
 
 
-def split_tokens(nusc, split: str) -> list[str]:
-    """The sample tokens of an official split, in scene and time order."""
+def mini_custom_splits() -> dict[str, list[str]]:
+    """The mini versions' tuning splits in the devkit's custom-split format (``<version>/splits.json``)."""
     from nuscenes.utils.splits import create_splits_scenes
 
-    names = set(create_splits_scenes()[split])
+    train = create_splits_scenes()["mini_train"]
+    return {"quest_train": [s for s in train if s not in MINI_TUNE_SCENES], "quest_tune": list(MINI_TUNE_SCENES)}
+
+
+def write_mini_custom_splits(root: Path) -> None:
+    """Write (atomically, once) ``root/v1.0-mini/splits.json`` with the tuning splits, for the devkit's custom
+    splits: the simulated data's folder gets it; for a real nuScenes-mini copy it there to tune."""
+    path = Path(root) / "v1.0-mini" / "splits.json"
+    if not path.is_file():
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(mini_custom_splits(), indent=1))
+        tmp.replace(path)
+
+
+def split_tokens(nusc, split: str) -> list[str]:
+    """The sample tokens of a split (official, or custom in ``<version>/splits.json``), in scene and time order."""
+    from nuscenes.utils.splits import get_scenes_of_split
+
+    try:
+        names = set(get_scenes_of_split(split, nusc))
+    except ValueError as err:  # a custom split with no splits.json, or one without that split
+        raise ValueError(f"{err} The tuning splits of the mini versions are custom splits: write them there with "
+                         "quest_det3d.data.write_mini_custom_splits, or set tune_split to false.") from None
     tokens = []
     for scene in sorted(nusc.scene, key=lambda s: s["name"]):
         if scene["name"] in names:

@@ -45,6 +45,9 @@ def run(cfg: Det3dConfig, ctx) -> TaskOutput:
         root = D.nuscenes_root(ctx.data_root, version, cfg.sweeps)
     nusc = D.open_nuscenes(root, version)
     train_split, val_split = D.SPLITS[version]
+    tune_split = None
+    if cfg.tune_split:
+        train_split, tune_split = D.TUNING_SPLITS[version]
     reach = cfg.extent * (1.45 if cfg.augment else 1.0)  # rotation and scaling bring points from outside the grid in
     train_set = D.load_split(nusc, train_split, classes, cfg.sweeps, reach, cfg.in_memory, ctx.progress)
     val_set = D.load_split(nusc, val_split, classes, cfg.sweeps, cfg.extent, cfg.in_memory, ctx.progress)
@@ -58,6 +61,11 @@ def run(cfg: Det3dConfig, ctx) -> TaskOutput:
     detections = predict(model, val_set, cfg, device)
     metrics = evaluate(nusc, val_split, submission(val_set, detections, classes), eval_cfg,
                        ctx.out_dir / "nuscenes_eval")
+    if tune_split:
+        tune_set = D.load_split(nusc, tune_split, classes, cfg.sweeps, cfg.extent, cfg.in_memory, ctx.progress)
+        tuned = evaluate(nusc, tune_split, submission(tune_set, predict(model, tune_set, cfg, device), classes),
+                         eval_cfg, ctx.out_dir / "nuscenes_eval_tune")
+        metrics.update(val_nds=tuned["NDS"], val_map=tuned["mAP"])
     if cfg.figure_samples:
         prediction_figure(val_set, detections, classes, cfg.extent, Path(ctx.out_dir) / "predictions.png",
                           f"det3d {ctx.variant} seed {ctx.seed}: {val_split}", count=cfg.figure_samples)

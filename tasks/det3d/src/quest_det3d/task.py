@@ -37,6 +37,9 @@ class Det3dConfig:
     # epochs)
     augment: bool = False  # random flips, rotation within +-22.5 degrees, scaling within 0.95-1.05 (see README: on the
     # simulated streets at the tiny budget they cost accuracy and stop velocity being learned; on for real data)
+    tune_split: bool = True  # hold out training scenes for val_nds (what a -tuned suite selects on): trainval
+    # trains on the devkit's train_detect and tunes on train_track; the mini versions hold out one of mini_train's
+    # scenes (the custom splits in <version>/splits.json, written for the simulated data)
     top_k: int = param(100, ge=1)  # detections kept per sample
     severities: str = param("1,2,3", items=int, ge=1, le=3)  # corruption severities evaluated ("" = no robustness
     # evaluation)
@@ -57,8 +60,9 @@ class Det3dConfig:
 
 class Det3dTask(Task):
     name = "det3d"
-    version = "2"  # 2: the shared engine (quest_sdk.engine): per-step shuffles and augmentation generators
+    version = "3"  # 2: the shared engine (quest_sdk.engine); 3: training scenes held out for val_nds
     primary_metric = "NDS"
+    validation_metric = "val_nds"
     higher_is_better = True
     leaderboard_metrics = {"mAP": True, "corrupted_nds": True}
     config_class = Det3dConfig

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from quest_sdk.data import CACHE, build_once
+from quest_sdk.data import CACHE, build_once, validation_split
 # The ten photos bundled in the scikit-image wheel (licences in data/README.md: CC0 / public domain).
 SOURCES = ("brick", "grass", "gravel", "hubble_deep_field", "immunohistochemistry", "retina", "moon", "page",
            "coffee", "chelsea")
@@ -83,6 +83,24 @@ def texture_mosaics(n_train: int, n_val: int, size: int, seed: int = 0, cache: P
         (folder / "done.json").write_text(key)
 
     return build_once(root, build, "done.json")
+
+
+def tuning_split(root: Path, fraction: float, out_dir: Path) -> tuple[Path, Path] | None:
+    """Hold out a fixed ``fraction`` of ``root``'s training images (the same for every run: ``SPLIT_SEED``, not the
+    run's seed) for choosing hyper-parameters, as mmseg ``ann_file`` lists (image names without suffix):
+    ``out_dir/{train,tune}.txt``. Returns their paths, or None for ``fraction`` 0 (train on every image). Mosaics
+    and ADE20K alike have no split for this: their validation split is the one the task reports."""
+    if not fraction:
+        return None
+    names = sorted(p.stem for p in (Path(root) / "images" / "training").glob("*.jpg"))
+    if len(names) < 2:
+        raise ValueError(f"cannot hold out {fraction:g} of {len(names)} training images under {root}")
+    train_idx, tune_idx = validation_split(np.zeros(len(names)), fraction)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = out_dir / "train.txt", out_dir / "tune.txt"
+    for path, idx in zip(paths, (train_idx, tune_idx)):
+        path.write_text("".join(f"{names[i]}\n" for i in idx.tolist()))
+    return paths
 
 
 def ade20k_root(data_root: str | Path) -> Path:

@@ -28,6 +28,8 @@ def run(cfg: SegmentationConfig, ctx) -> TaskOutput:
     runner.train()
     clean = runner.test()
     metrics = {"miou": clean["mIoU"] / 100, "aacc": clean["aAcc"] / 100, "macc": clean["mAcc"] / 100}
+    if mm_cfg.train_dataloader.dataset.get("ann_file"):
+        metrics["val_miou"] = tuning_miou(runner, mm_cfg)
     if cfg.corruption_samples:
         metrics.update(corruption_metrics(runner, mm_cfg, cfg.corruption_samples, ctx.seed))
     if cfg.figure_images:
@@ -63,6 +65,9 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
         if cfg.num_workers >= 0:
             mm_cfg[loader].num_workers = cfg.num_workers
             mm_cfg[loader].persistent_workers = cfg.num_workers > 0
+    split = D.tuning_split(root, cfg.val_fraction, Path(ctx.out_dir) / "splits")
+    if split:  # train on the rest; tuning_miou scores the held-out images after training
+        mm_cfg.train_dataloader.dataset.ann_file = str(split[0])
     mm_cfg.model.attention = ctx.variant
     if cfg.pretrained:
         weights = Path(cfg.pretrained)
@@ -169,6 +174,19 @@ class QuestRunHook(Hook):
 
     def after_train(self, runner) -> None:
         self.bar.close()
+
+
+def tuning_miou(runner, mm_cfg) -> float:
+    """mIoU on the held-out training images (``D.tuning_split``'s ``tune.txt``), through the test pipeline: the
+    metric a ``-tuned`` suite selects hyper-parameters on, so the reported validation split stays untouched."""
+    from mmengine.runner import TestLoop
+
+    loader = mm_cfg.test_dataloader.copy()
+    dataset = loader.dataset.copy()
+    dataset.data_prefix = mm_cfg.train_dataloader.dataset.data_prefix
+    dataset.ann_file = str(Path(mm_cfg.train_dataloader.dataset.ann_file).with_name("tune.txt"))
+    loader.dataset = dataset
+    return TestLoop(runner, loader, mm_cfg.test_evaluator).run()["mIoU"] / 100
 
 
 def corruption_metrics(runner, mm_cfg, samples: int, seed: int) -> dict:

@@ -28,6 +28,8 @@ class SegmentationConfig:
     lr: float = param(0.0, ge=0)  # peak learning rate (0 = the config's)
     num_workers: int = param(-1, ge=-1)  # data loader workers (-1 = the config's)
     pretrained: str = ""  # backbone checkpoint (mmseg layout), relative to --data-root or absolute
+    val_fraction: float = param(0.1, ge=0, lt=1)  # of the training images, held out (fixed, not the run's seed) for
+    # choosing hyper-parameters: val_miou (0 = train on all)
     corruption_samples: int = param(200, ge=0)  # validation images per (corruption, severity); 0 = skip corruptions
     log_every: int = param(20, ge=1)  # telemetry and events.jsonl every this many iterations
     figure_images: int = param(6, ge=0)  # validation images in predictions.png (0 = no figure)
@@ -35,8 +37,9 @@ class SegmentationConfig:
 
 class SegmentationTask(Task):
     name = "segmentation"
-    version = "1"
+    version = "2"  # 2: 10% of the training images held out for val_miou (the -tuned suite selects on it)
     primary_metric = "miou"
+    validation_metric = "val_miou"
     higher_is_better = True
     leaderboard_metrics = {"aacc": True, "corrupted_miou": True}
     config_class = SegmentationConfig
@@ -45,6 +48,7 @@ class SegmentationTask(Task):
         "small": {"mosaic_train": 4000, "mosaic_val": 500, "iters": 3000},
         "paper": {"config": "segmenter_vit-t_quest_8xb1-160k_ade20k-512x512.py", "dataset": "ade20k",
                   "batch_size": 8,  # mmseg's 8 GPUs x 1 image, on the one GPU a run gets
+                  "val_fraction": 0.05,  # ~1,000 of ADE20K's 20,210 training images
                   "corruption_samples": 2000},
     }
     resources = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),
