@@ -153,7 +153,8 @@ def test_a_tuned_suite_picks_each_variant_on_validation_and_reports_test(tmp_pat
         "-15.000 (n=3: -15.000, -15.000, -15.000; sign-flip p=0.25")
     assert cells[7] == "1 / 0 of 9"
     softmax = next(line for line in md.splitlines() if line.startswith("| softmax | 211.000"))
-    assert "| lr=0.003 | 200.000 |" in softmax
+    assert "| lr=0.003 (edge of lr) | 200.000 |" in softmax  # the smallest rate searched: flagged
+    assert "the optimum may lie outside the search" in md
     # the summary at the top compares each variant at its best cell, not pooled over the search
     assert "| lm (tiny) | test_ppl ↓ | -15.000 (p 0.25, n=3) |" in md
 
@@ -180,6 +181,15 @@ def test_a_cell_with_missing_seeds_cannot_be_chosen():
     runs = [tuned_run("quest", s, 0.01, 190, 195)[1] for s in range(3)] + [tuned_run("quest", 0, 0.03, 100, 100)[1]]
     options = tuning.choices(runs, ("lr",), "valid_ppl")
     assert tuning.best(options, higher_is_better=False).cell == {"lr": 0.01}
+
+
+def test_a_best_cell_at_the_edge_of_a_numeric_search_is_flagged():
+    from quest_bench import tuning
+
+    options = [tuning.Choice({"lr": lr, "opt": "adamw"}) for lr in (0.001, 0.003, 0.01)]
+    assert tuning.edge_keys(options, options[0]) == ["lr"] and tuning.edge_keys(options, options[2]) == ["lr"]
+    assert tuning.edge_keys(options, options[1]) == []  # inside the search; "opt" is not numeric
+    assert tuning.edge_keys(options[:1], options[0]) == []  # one value: nothing was searched
 
 
 def test_the_performance_profile_covers_tuned_and_untuned_boards(tmp_path):

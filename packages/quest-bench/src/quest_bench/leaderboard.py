@@ -664,10 +664,20 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[st
         runs = b.by_variant[v]
         lines.append(" | ".join([
             f"| {v}", mean_of(at_default[v]), delta_text(d_default.get(v), False),
-            c.label() if c else "none (no cell with every seed finished)", fmt(c.validation) if c else "—",
+            cell_label(options[v], c), fmt(c.validation) if c else "—",
             mean_of(c), delta_text(d_best.get(v), False),
             f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)} |"]))
+    if any(c and tuning.edge_keys(options[v], c) for v, c in chosen.items()):
+        lines += ["", "edge: the best cell lies at the smallest or largest value searched for that key, so the "
+                  "optimum may lie outside the search; widen the grid before reading the tuned Δ as final."]
     return lines + [""], scores, d_best
+
+
+def cell_label(options: list[tuning.Choice], choice: tuning.Choice | None) -> str:
+    if choice is None:
+        return "none (no cell with every seed finished)"
+    edges = tuning.edge_keys(options, choice)
+    return choice.label() + (f" (edge of {', '.join(edges)})" if edges else "")
 
 
 def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, bool], folder: Path) -> list[str]:

@@ -63,6 +63,18 @@ def best(options: list[Choice], higher_is_better: bool) -> Choice | None:
     return (max if higher_is_better else min)(ranked, key=lambda c: c.validation)
 
 
+def edge_keys(options: list[Choice], choice: Choice) -> list[str]:
+    """The numeric tune keys for which ``choice`` sits at the smallest or largest value searched: there the
+    optimum may lie outside the search, which should then be widened."""
+    edges = []
+    for key, value in choice.cell.items():
+        searched = {c.cell.get(key) for c in options}
+        if (isinstance(value, (int, float)) and len(searched) > 1
+                and all(isinstance(x, (int, float)) for x in searched) and value in (min(searched), max(searched))):
+            edges.append(key)
+    return edges
+
+
 def default_cell(task: str, preset: str, keys: tuple[str, ...]) -> dict | None:
     """The preset's own values of the tune keys (its default recipe), or None if the task is not installed."""
     from quest_bench.registry import get_task
