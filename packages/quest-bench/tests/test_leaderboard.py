@@ -157,6 +157,7 @@ def test_a_tuned_suite_picks_each_variant_on_validation_and_reports_test(tmp_pat
     assert "the optimum may lie outside the search" in md
     # the summary at the top compares each variant at its best cell, not pooled over the search
     assert "| lm (tiny) | test_ppl ↓ | -15.000 (p 0.25, n=3) |" in md
+    assert "the win rate is over the whole search" in md  # and says that it pools the grid cells
 
 
 def test_performance_profile_ratios_by_hand():

@@ -561,7 +561,10 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                   "A win is a significantly better result on paired runs (exact sign test per pair of variants, "
                   "Holm-corrected per metric, diverged or failed runs ranking worst); anything else is a tie (½). "
                   "Metrics: each task's primary metric" + (", and separately its first `corrupted_*` metric."
-                                                           if robust_wins else "."), "",
+                                                           if robust_wins else ".")
+                  + (" In a tuned suite the pairs are every (seed, grid cell): the win rate is over the whole search"
+                     " (how each variant fares across learning rates), not at each variant's best cell, which the"
+                     " summary above compares." if tune else ""), "",
                   "| variant | win rate (primary) |" + (" win rate (robustness) |" if robust_wins else ""),
                   "|---|---|" + ("---|" if robust_wins else "")]
         lines += [f"| {v} | {fmt(w)} |" + (f" {fmt(robust_wins.get(v, math.nan))} |" if robust_wins else "")
