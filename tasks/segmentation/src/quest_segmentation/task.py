@@ -44,10 +44,11 @@ class SegmentationTask(Task):
     leaderboard_metrics = {"aacc": True, "corrupted_miou": True}
     config_class = SegmentationConfig
     presets = {
-        "tiny": {},
-        "small": {"mosaic_train": 4000, "mosaic_val": 500, "iters": 3000},
+        # each preset names its config's learning rate, so that a -tuned suite finds the default recipe in its grid
+        "tiny": {"lr": 2e-3},
+        "small": {"mosaic_train": 4000, "mosaic_val": 500, "iters": 3000, "lr": 2e-3},
         "paper": {"config": "segmenter_vit-t_quest_8xb1-160k_ade20k-512x512.py", "dataset": "ade20k",
-                  "batch_size": 8,  # mmseg's 8 GPUs x 1 image, on the one GPU a run gets
+                  "batch_size": 8, "lr": 1e-3,  # mmseg's 8 GPUs x 1 image, on the one GPU a run gets; its SGD rate
                   "val_fraction": 0.05,  # ~1,000 of ADE20K's 20,210 training images
                   "corruption_samples": 2000},
     }
