@@ -2,7 +2,8 @@
 both read through the official devkit.
 
 - ``simulated_root`` writes ten simulated scenes under the official v1.0-mini scene names (``mini_train``: 8,
-  ``mini_val``: 2; the tuning splits ``quest_train``: 7 and ``quest_tune``: 1 as the devkit's custom splits) into ``~/.cache/quest-bench/det3d`` (``QUEST_BENCH_CACHE`` moves it), once per setting.
+  ``mini_val``: 2; the tuning splits ``quest_train``: 7 and ``quest_tune``: 1 as the devkit's custom splits)
+  into ``~/.cache/quest-bench/det3d`` (``QUEST_BENCH_CACHE`` moves it), once per setting.
 - ``nuscenes_root`` finds a real nuScenes folder under the data root: ``<data-root>/nuscenes/<version>/`` or
   ``<data-root>/<version>/``, with ``samples/`` and ``sweeps/`` next to the version folder (the official layout).
 - ``load_split`` reads a split's samples (clouds in memory, or read on use for large sets) through the devkit:
