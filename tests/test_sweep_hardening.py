@@ -117,7 +117,8 @@ def test_infeasible_resources_are_refused_up_front(tmp_path):
 
 
 def test_a_run_s_curves_are_live_in_the_results_folder_and_ctrl_c_stops_in_one_line(tmp_path):
-    suite = write_suite(tmp_path, "sigint", variants=("softmax",), seeds=(0, 1), steps=4000)
+    # runs long enough (~3 min each) to be still training when Ctrl-C comes, however fast the machine
+    suite = write_suite(tmp_path, "sigint", variants=("softmax",), seeds=(0, 1), steps=40000)
     results = tmp_path / "results"
     scratch_tmp = Path(tempfile.mkdtemp(prefix="qbt-", dir="/tmp"))
     proc = subprocess.Popen([str(Path(sys.executable).parent / "quest-bench"), "sweep", "--suite", str(suite),
