@@ -28,7 +28,7 @@ def run(cfg: SegmentationConfig, ctx) -> TaskOutput:
     runner.train()
     clean = runner.test()
     metrics = {"miou": clean["mIoU"] / 100, "aacc": clean["aAcc"] / 100, "macc": clean["mAcc"] / 100}
-    if mm_cfg.train_dataloader.dataset.get("ann_file"):
+    if cfg.val_fraction:  # mmseg_config trained on the kept images (a config's own ann_file is not a tuning split)
         metrics["val_miou"] = tuning_miou(runner, mm_cfg)
     if cfg.corruption_samples:
         metrics.update(corruption_metrics(runner, mm_cfg, cfg.corruption_samples, ctx.seed))
