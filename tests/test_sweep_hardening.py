@@ -116,8 +116,9 @@ def test_infeasible_resources_are_refused_up_front(tmp_path):
     assert not (tmp_path / "results").exists()  # nothing written
 
 
-def test_a_run_s_curves_are_live_in_the_results_folder_and_ctrl_c_stops_in_one_line(tmp_path):
-    # runs long enough (~3 min each) to be still training when Ctrl-C comes, however fast the machine
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "kill"])
+def test_a_run_s_curves_are_live_in_the_results_folder_and_ctrl_c_or_kill_stops_in_one_line(tmp_path, stop, code):
+    # runs long enough (~3 min each) to be still training when the signal comes, however fast the machine
     suite = write_suite(tmp_path, "sigint", variants=("softmax",), seeds=(0, 1), steps=40000)
     results = tmp_path / "results"
     scratch_tmp = Path(tempfile.mkdtemp(prefix="qbt-", dir="/tmp"))
@@ -131,9 +132,9 @@ def test_a_run_s_curves_are_live_in_the_results_folder_and_ctrl_c_stops_in_one_l
     assert events(), "no training curve appeared in the results folder while the run trained"
     assert json.loads(events()[0].read_text().splitlines()[0])["step"] >= 1
     assert list(results.glob("sigint/runs/*/tensorboard/events.out.tfevents.*"))
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
     assert "interrupted" in err.strip().splitlines()[-1] and "Traceback" not in err
     assert not list(results.glob("sigint/runs/*/result.json"))
     subprocess.run(["rm", "-rf", str(scratch_tmp)], check=False)

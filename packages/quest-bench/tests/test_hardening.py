@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import re
+import signal
 import sqlite3
 import threading
 import time
@@ -353,6 +354,16 @@ def test_disk_full_and_ctrl_c_end_in_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(runner, "execute", interrupted)
     assert main(["run", "spurious", "--out", str(tmp_path / "b"), *FAST]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+
+    def killed(*a, **k):  # `kill PID`: what stops a background job, whose SIGINT the shell ignores
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(runner, "execute", killed)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["run", "spurious", "--out", str(tmp_path / "c"), *FAST]) == 143
+    assert signal.getsignal(signal.SIGTERM) is before  # restored when main returns
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err
 

@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import yaml
@@ -462,8 +464,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every user error ends in one line on stderr and exit status 2; Ctrl-C in one line and 130 (the shell's)."""
+    """Every user error ends in one line on stderr and exit status 2; Ctrl-C in one line and 130, SIGTERM the same
+    way and 143 (the shell's codes): a sweep cancels its runs, and the same command resumes it."""
     args = build_parser().parse_args(argv)
+    stopped_by = []
+
+    def on_sigterm(signum, frame):  # `kill`, a scheduler's preemption: stop like Ctrl-C (a background job's
+        stopped_by.append(signum)   # SIGINT is ignored by the shell that started it)
+        raise KeyboardInterrupt
+
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main_thread else None
     try:
         return args.fn(args)
     except ValueError as err:
@@ -474,10 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # disk full, permission denied, a path that is not a folder, ...
         where = f": {err.filename}" if err.filename else ""
         return fail(f"{err.strerror or err}{where}")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ray may re-raise it as a plain KeyboardInterrupt: which signal is in stopped_by
         print("quest-bench: interrupted; finished runs are saved, run the same command again to resume",
               file=sys.stderr)
-        return 130
+        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
+    finally:
+        if in_main_thread:  # None: a handler not set from Python, i.e. the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def fail(message: str) -> int:

@@ -25,8 +25,10 @@ import json
 import math
 import os
 import secrets
+import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from contextlib import contextmanager
@@ -233,7 +235,7 @@ def ray_session(address: str | None, max_retries: int):
     if address:
         import ray
 
-        ray.init(address=address, log_to_driver=False)
+        init_keeping_sigterm(ray, address=address, log_to_driver=False)
         try:
             yield ray
         finally:
@@ -246,8 +248,9 @@ def ray_session(address: str | None, max_retries: int):
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     try:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 _system_config={"task_oom_retries": max_retries}, runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
+        init_keeping_sigterm(ray, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                             _system_config={"task_oom_retries": max_retries},
+                             runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
         yield ray
     finally:
         ray.shutdown()
@@ -258,6 +261,15 @@ def ray_session(address: str | None, max_retries: int):
                 os.environ[key] = value
         ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR,
                                                                   not ray_constants.IS_WINDOWS_OR_OSX)
+
+
+def init_keeping_sigterm(ray, **kwargs) -> None:
+    """``ray.init``, keeping the SIGTERM handler the caller had: Ray's own exits in the middle of its shutdown, and the
+    process then aborts; the command line's stops a sweep like Ctrl-C (runs cancelled, the same command resumes)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    ray.init(**kwargs)
+    if threading.current_thread() is threading.main_thread() and handler is not None:
+        signal.signal(signal.SIGTERM, handler)
 
 
 def check_feasible(specs: list[RunSpec], places: dict[str, Placement], nodes: list[dict]) -> None:
