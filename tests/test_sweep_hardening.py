@@ -122,9 +122,12 @@ def test_a_run_s_curves_are_live_in_the_results_folder_and_ctrl_c_or_kill_stops_
     suite = write_suite(tmp_path, "sigint", variants=("softmax",), seeds=(0, 1), steps=40000)
     results = tmp_path / "results"
     scratch_tmp = Path(tempfile.mkdtemp(prefix="qbt-", dir="/tmp"))
+    # Ctrl-C reaches a foreground command whose SIGINT is at its default; when this test suite itself runs as a
+    # background job (`make test &`), the shell has set SIGINT to ignored, and the child would inherit that.
     proc = subprocess.Popen([str(Path(sys.executable).parent / "quest-bench"), "sweep", "--suite", str(suite),
                              "--results", str(results)], env=cli_env(TMPDIR=str(scratch_tmp)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     events = lambda: [p for p in results.glob("sigint/runs/*/events.jsonl") if p.stat().st_size]  # noqa: E731
     while not events() and time.time() < deadline:
