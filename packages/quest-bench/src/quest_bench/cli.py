@@ -260,11 +260,12 @@ def cmd_sweep(args) -> int:
                          "the job's temporary working folder on the head node (lost when the job ends); give an "
                          "absolute path on the shared filesystem, e.g. --results /shared/results")
     suite = load_suite(args.suite)
+    if args.dry_run:  # a plan: no Ray, no GPU needed (checked against cluster manifests instead)
+        print(dry_run(suite, Path(args.results), args.device, args.workers, args.data_root, args.cluster,
+                      args.gpu_tflops))
+        return 0
     if args.device == "cuda" and not (args.address or os.environ.get("RAY_ADDRESS")):
         check_device("cuda")  # a local sweep: this machine must have one
-    if args.dry_run:
-        print(dry_run(suite, Path(args.results), args.device, args.workers))
-        return 0
     counts = run_sweep(suite, Path(args.results), address=args.address, data_root=args.data_root,
                        max_retries=args.max_retries, run_timeout=args.run_timeout, wait=args.wait,
                        wait_for_resources=args.wait_for_resources, progress=not args.quiet, device=args.device,
@@ -422,6 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                        help="steps between checkpoints (default 0: ten per run, plus the end)")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs to do and their resources; run nothing")
+    sweep.add_argument("--cluster", action="append", metavar="FILE", help="with --dry-run: a Ray cluster-launcher "
+                       "or KubeRay manifest to check placements against (repeatable; default: infra/'s manifests)")
+    sweep.add_argument("--gpu-tflops", type=float, metavar="TFLOPS", help="with --dry-run: the sustained training "
+                       "rate per GPU the GPU-hour estimates assume (default: an assumption; see docs/cluster.md)")
     sweep.add_argument("--storage", metavar="URI", help="keep run folders at this URI while they train (s3://, gs://, "
                        "file://; through pyarrow.fs), for nodes that do not mount --results; the driver copies each "
                        "finished run's folder into --results")
@@ -473,12 +478,17 @@ def main(argv: list[str] | None = None) -> int:
         stopped_by.append(signum)   # SIGINT is ignored by the shell that started it)
         raise KeyboardInterrupt
 
+    from quest_bench.sweep import RayStartError
+
     in_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
     previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main_thread else None
     try:
         return args.fn(args)
     except ValueError as err:
         return fail(str(err))
+    except RayStartError as err:  # not the user's doing: exit 1, like a failed run
+        print(f"quest-bench: error: {err}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         sys.stderr.close()
         return 0

@@ -28,6 +28,7 @@ import secrets
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -156,21 +157,59 @@ def todo_specs(suite: Suite, store: Store) -> list[RunSpec]:
     return [s for s in suite.specs if s.run_id not in done]
 
 
-def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int | None = None) -> str:
-    """What a sweep would do, without Ray: one line per run to do (placement and timeout), then the totals."""
+def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int | None = None,
+            data_root: str | None = None, clusters: list[Path] | None = None, gpu_tflops: float | None = None) -> str:
+    """What a sweep would do, without Ray or a GPU: one line per run to do (workers and what each asks for, data,
+    estimated GPU-hours, timeout, and whether each cluster manifest in ``clusters`` can host it; default: the
+    shipped ``infra/`` manifests), then the totals and where the estimates come from."""
+    from quest_bench.cluster import fits, load_cluster
+    from quest_bench.runner import REPO_ROOT
+    from quest_sdk.task import ASSUMED_GPU_TFLOPS
+
+    tflops = gpu_tflops or ASSUMED_GPU_TFLOPS
+    manifests = [Path(c) for c in clusters] if clusters else [REPO_ROOT / "infra" / n for n in SHIPPED_CLUSTERS]
+    nodes = {m.name: load_cluster(m) for m in manifests}
     store = Store(Path(results_dir) / suite.name)
     todo = todo_specs(suite, store)
-    lines = [f"suite {suite.name}: {len(suite.specs)} runs, {len(suite.specs) - len(todo)} already finished, "
-             f"{len(todo)} to run -> {store.root}"]
-    cpus = gpus = 0.0
+    lines = [f"suite {suite.name}: {len(suite.specs)} runs, {len(todo)} to run -> {store.root}; data root: "
+             f"{data_root or '(none: tasks use their shipped or generated data)'}"]
+    cpus = gpus = gpu_hours = 0.0
+    unestimated, refused, bases = 0, {name: 0 for name in nodes}, {}
     for spec in todo:
         where, task = placement(spec, device, workers), get_task(spec.task)
+        res = task.resources_for(spec.preset)
         cpus, gpus = cpus + where.num_cpus * where.workers, gpus + where.num_gpus * where.workers
-        lines.append(f"  {spec.label():48s} {where.total}, timeout {task.timeout_for(spec.preset):g} s  "
-                     f"{spec.run_id[:12]}")
+        dataset = getattr(task.make_config(spec.preset, spec.overrides), "dataset", None)
+        mem = f", {res.memory_gb:g} GiB" if res.memory_gb else ""
+        if res.throughput is not None and where.num_gpus:
+            hours = res.throughput.gpu_hours(tflops)
+            gpu_hours += hours
+            estimate = f"est. {hours:.3g} GPU-h"
+            bases[f"{spec.task}/{spec.preset}"] = res.throughput.basis
+        else:
+            estimate = "no GPU-h estimate"
+            unestimated += 1
+        where_ok = []
+        for name, cluster in nodes.items():
+            ok, why = fits(cluster, where.workers, where.num_cpus, where.num_gpus, res.memory_gb)
+            refused[name] += not ok
+            where_ok.append(f"{name}: {'fits' if ok else why}")
+        lines.append(f"  {spec.label():40s} {where.workers} x ({where.num_cpus:g} CPUs, {where.num_gpus:g} GPUs{mem}, "
+                     f"{where.device}); data {dataset or 'default'}; {estimate}; timeout "
+                     f"{task.timeout_for(spec.preset) / 3600:.3g} h; {'; '.join(where_ok)}  {spec.run_id[:12]}")
     lines.append(f"to run: {len(todo)} runs asking for {cpus:g} CPUs and {gpus:g} GPUs in all (they queue for what "
-                 "the cluster has)")
+                 f"the cluster has); estimated {gpu_hours:.4g} GPU-hours at an assumed sustained {tflops:g} TFLOP/s "
+                 f"per GPU" + (f" ({unestimated} runs without an estimate)" if unestimated else ""))
+    for name, count in refused.items():
+        lines.append(f"cluster {name}: " + (f"{count} runs cannot be placed" if count else "every run can be placed"))
+    if bases:
+        lines.append("estimates (training FLOPs / the sustained rate; --gpu-tflops to calibrate, e.g. from "
+                     "`make gpu-check`):")
+        lines.extend(f"  {key}: {basis}" for key, basis in bases.items())
     return "\n".join(lines)
+
+
+SHIPPED_CLUSTERS = ("cluster.yaml", "kuberay-rayjob.yaml")  # under infra/: what a dry run checks by default
 
 
 def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_root: str | None = None,
@@ -248,9 +287,9 @@ def ray_session(address: str | None, max_retries: int):
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     try:
-        init_keeping_sigterm(ray, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                             _system_config={"task_oom_retries": max_retries},
-                             runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
+        start_local_ray(ray, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                        _system_config={"task_oom_retries": max_retries},
+                        runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
         yield ray
     finally:
         ray.shutdown()
@@ -261,6 +300,118 @@ def ray_session(address: str | None, max_retries: int):
                 os.environ[key] = value
         ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR,
                                                                   not ray_constants.IS_WINDOWS_OR_OSX)
+
+
+class RayStartError(RuntimeError):
+    """A local Ray instance did not start, twice: the command line says why in one line and exits 1."""
+
+
+# Ray's own start-up waits (ray/_private/node.py and the raylet's RayConfig, Ray 2.60) are 30 s each, fixed: on a
+# machine whose load is several times its cores, the GCS, the raylet and its agents start slower than that.
+STARTUP_WAIT_S = 30.0
+STARTUP_WAIT_MAX_S = 600.0
+
+
+def startup_wait_s(attempt: int = 0) -> float:
+    """Seconds each of Ray's start-up steps may take: its 30 s scaled by the load per core (at least 1), doubled on
+    the retry, at most ``STARTUP_WAIT_MAX_S``."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return min(STARTUP_WAIT_MAX_S, STARTUP_WAIT_S * max(1.0, load) * (1 + attempt))
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (the component that gets it binds it within seconds)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def startup_settings(wait_s: float):
+    """What a local Ray instance needs to start beside other instances on a busy machine, for the time of
+    ``ray.init`` only:
+
+    - every port free or chosen by its component: ``ray.init`` takes no dashboard-agent port and Ray's default is the
+      fixed 52365, which a second instance on the machine cannot bind (its raylet then gives up on the agent), so
+      the agent gets port 0 (it binds a free one and reports it; ``dashboard/agent.py``);
+    - Ray's start-up waits scaled to ``wait_s``: the GCS port (``RAY_gcs_server_port_wait_time_s``), the agents'
+      registration with the raylet (``RAY_agent_register_timeout_ms``), worker registration
+      (``RAY_worker_register_timeout_seconds``), the dashboard process (``RAY_DASHBOARD_STARTUP_TIMEOUT_S``) and the
+      driver's wait for the raylet to register, a fixed 30 s loop around ``services.get_node`` in ``Node.__init__``
+      (each call is retried here until ``wait_s`` has passed);
+    - Ctrl-C and SIGTERM stay with the caller: Ray's own SIGTERM handler (``sys.exit`` in the middle of start-up)
+      is not installed, so the command line's handler stops the start-up like Ctrl-C.
+    """
+    import ray._private.parameter as parameter
+    import ray._private.services as services
+    import ray._private.utils as ray_utils
+    from ray._private import ray_constants
+
+    knobs = {"RAY_gcs_server_port_wait_time_s": str(int(wait_s)), "RAY_agent_register_timeout_ms": str(int(wait_s * 1000)),
+             "RAY_raylet_start_wait_time_s": str(int(wait_s)),
+             "RAY_worker_register_timeout_seconds": str(int(max(60.0, wait_s)))}
+    saved_env = {k: os.environ.get(k) for k in knobs}
+    saved = (parameter.RayParams, services.get_node, ray_utils.set_sigterm_handler,
+             ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S)
+    base_params, base_get_node = saved[0], saved[1]
+
+    class FreePortParams(base_params):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            super().__init__(*args, **kwargs)
+
+    def patient_get_node(*args, **kwargs):
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return base_get_node(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    os.environ.update(knobs)
+    parameter.RayParams, services.get_node = FreePortParams, patient_get_node
+    ray_utils.set_sigterm_handler = lambda handler: None
+    ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S = int(wait_s)
+    try:
+        yield
+    finally:
+        (parameter.RayParams, services.get_node, ray_utils.set_sigterm_handler,
+         ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S) = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def start_local_ray(ray, attempts: int = 2, **kwargs) -> None:
+    """``ray.init`` of a local instance with ``startup_settings``: a failed start is cleaned up and tried once more
+    with longer waits; if that fails too, ``RayStartError`` says why in one line. Ctrl-C (KeyboardInterrupt)
+    stops the start-up and what it had started."""
+    problem = ""
+    for attempt in range(attempts):
+        wait_s = startup_wait_s(attempt)
+        if attempt:
+            print(f"note: Ray did not start ({problem}); trying once more, waiting up to {wait_s:.0f} s per step",
+                  file=sys.stderr)
+        try:
+            with startup_settings(wait_s):
+                init_keeping_sigterm(ray, dashboard_port=free_port(), **kwargs)
+            return
+        except (KeyboardInterrupt, SystemExit):
+            ray.shutdown()
+            raise KeyboardInterrupt from None
+        except Exception as err:  # Ray raises bare Exceptions (and RuntimeError, ConnectionError) on start-up
+            problem = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            ray.shutdown()
+    load = os.getloadavg()[0]
+    raise RayStartError(f"could not start a local Ray instance ({attempts} tries; the last waited up to "
+                        f"{startup_wait_s(attempts - 1):.0f} s per step, load average {load:.1f} on "
+                        f"{os.cpu_count()} cores): {problem} Try again when the machine is less busy, or start Ray "
+                        "yourself (`ray start --head`) and pass --address (Ray's logs: "
+                        f"{Path(os.environ.get('RAY_TMPDIR') or tempfile.gettempdir()) / 'ray' / 'session_latest' / 'logs'})")
 
 
 def init_keeping_sigterm(ray, **kwargs) -> None:

@@ -30,16 +30,59 @@ class Diverged(Exception):
 DEFAULT_TIMEOUT_S = {"tiny": 3600.0, "small": 12 * 3600.0, "paper": 7 * 24 * 3600.0}
 
 
+# The sustained training rate a GPU-hour estimate assumes when nothing better is known: an assumption, not a
+# measurement (``make gpu-check`` prints the rate the lm reaches on a real GPU; ``sweep --dry-run --gpu-tflops``).
+ASSUMED_GPU_TFLOPS = 30.0
+# A run whose time is estimated (``Throughput``) may take this many times the estimate before a sweep cancels it:
+# the estimate assumes a sustained rate that small models and data-bound recipes do not reach.
+TIMEOUT_OVER_ESTIMATE = 10.0
+TIMEOUT_FLOOR_S = 24 * 3600.0  # small models are bound by per-step overheads a FLOP count does not see
+
+
+def transformer_train_flops(depth: int, dim: int, tokens: int, mlp_ratio: float = 4.0,
+                            extra_params: float = 0.0) -> float:
+    """Training FLOPs per sample of a transformer encoder/decoder: forward = 2 x (multiply-adds of the QKV and output
+    projections, the MLP and the attention scores and values) per token per layer, plus ``extra_params`` (embedding
+    and head weights used once per token); backward = 2 x forward (the usual 6 N T rule, with attention)."""
+    per_token_layer = 4 * dim * dim + 2 * mlp_ratio * dim * dim + 2 * tokens * dim
+    forward = 2 * tokens * (depth * per_token_layer + extra_params)
+    return 3 * forward
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """An estimate of what one run of a preset computes, for GPU-hour estimates and timeouts
+    (``Task.gpu_hours``): ``train_samples`` samples of ``flops_per_sample`` training FLOPs each, at a sustained
+    rate per GPU that the caller assumes (``ASSUMED_GPU_TFLOPS`` unless calibrated). Evaluation is not counted."""
+
+    train_samples: float  # samples one run trains on (epochs x training-set size, or steps x global batch)
+    flops_per_sample: float  # training FLOPs per sample (``transformer_train_flops`` for transformers)
+    basis: str  # where the numbers come from, shown by ``sweep --dry-run``
+
+    def __post_init__(self):
+        if not (self.train_samples > 0 and self.flops_per_sample > 0):
+            raise ValueError(f"a throughput declaration needs train_samples > 0 and flops_per_sample > 0, got "
+                             f"{self.train_samples} and {self.flops_per_sample}")
+
+    def gpu_hours(self, gpu_tflops: float = ASSUMED_GPU_TFLOPS) -> float:
+        """GPU-hours of one run (over all its workers) at ``gpu_tflops`` sustained per GPU: an estimate."""
+        if not gpu_tflops > 0:
+            raise ValueError(f"the sustained GPU rate must be > 0 TFLOP/s, got {gpu_tflops}")
+        return self.train_samples * self.flops_per_sample / (gpu_tflops * 1e12) / 3600
+
+
 @dataclass(frozen=True)
 class Resources:
     """What one run of a preset needs from a Ray cluster, and how long it may take. With ``workers`` > 1 the run
-    trains data-parallel on that many Ray Train workers, each with ``num_cpus`` and ``num_gpus``."""
+    trains data-parallel on that many Ray Train workers, each with ``num_cpus``, ``num_gpus`` and ``memory_gb``."""
 
     num_cpus: float = 1  # per worker
     num_gpus: float = 0  # per worker
-    timeout_s: float = 0.0  # 0 = the preset's default (DEFAULT_TIMEOUT_S)
+    timeout_s: float = 0.0  # 0 = from the throughput estimate when declared, else the preset's default
     workers: int = 1
     threads: int = 0  # torch threads per worker; 0 = num_cpus (at least 1). Fixed per preset: results depend on it
+    memory_gb: float = 0.0  # host memory reserved per worker (GiB); 0 = none reserved
+    throughput: Throughput | None = None  # what a run computes, for GPU-hour estimates (GPU presets)
 
     @property
     def torch_threads(self) -> int:
@@ -78,8 +121,17 @@ class Task(abc.ABC):
         return self.resources.get(preset, Resources())
 
     def timeout_for(self, preset: str) -> float:
-        """Seconds a run of ``preset`` may take in a sweep before it is cancelled."""
-        return self.resources_for(preset).timeout_s or DEFAULT_TIMEOUT_S.get(preset, DEFAULT_TIMEOUT_S["paper"])
+        """Seconds a run of ``preset`` may take in a sweep before it is cancelled: the declared timeout; else, for a
+        preset with a throughput estimate, ``TIMEOUT_OVER_ESTIMATE`` times its estimated wall time on its GPUs (at
+        least ``TIMEOUT_FLOOR_S``, at most the preset's default); else the preset's default."""
+        res = self.resources_for(preset)
+        default = DEFAULT_TIMEOUT_S.get(preset, DEFAULT_TIMEOUT_S["paper"])
+        if res.timeout_s:
+            return res.timeout_s
+        if res.throughput is not None and res.num_gpus > 0:
+            wall_s = res.throughput.gpu_hours() * 3600 / (res.workers * res.num_gpus)
+            return min(default, max(TIMEOUT_FLOOR_S, TIMEOUT_OVER_ESTIMATE * wall_s))
+        return default
 
     def metric_directions(self) -> dict[str, bool]:
         return {self.primary_metric: self.higher_is_better, **self.leaderboard_metrics}

