@@ -12,6 +12,18 @@ Hosts, each converted in place by ``swap_attention`` (same object, same paramete
   with timm's -100 made -inf) are added to the variant's logits, as Swin-v2 adds its bias to its cosine logits;
 - EVA's ``EvaAttention`` (EVA-02, with rotary embeddings): ``EvaQuestAttention``; the rotary embedding is applied
   to q and k before the variant's transform (QUEST normalises the rotated key; a rotation keeps its norm).
+- ConViT's ``MHSA``: ``ConvitMHSA`` (standard softmax(q kᵀ · scale) v);
+- ConViT's ``GPSA`` (gated positional self-attention): ``ConvitGPSA``. Its attention is a per-head gated mix
+  (1 − σ(g)) · softmax(q kᵀ · scale) + σ(g) · softmax(positional scores), renormalised, times v; the variant replaces
+  the content branch (its transform of q and k, its scale) and the positional branch, which has no keys, is kept.
+  The content matrix is materialised, as timm's GPSA does;
+- CaiT's ``ClassAttn`` (also XCiT's class-attention blocks): ``CaitClassAttn`` (the class token's query against
+  every token's key).
+
+Known attention modules with no QUEST form are in ``UNSUPPORTED`` with the reason (``swap_attention`` reports it):
+XCiT's ``XCA`` (cross-covariance attention) is a softmax over a channel × channel product of q and k normalised
+along the tokens, with a learned temperature; QUEST normalises each key over the head dimension in token-to-token
+attention, which has no counterpart there.
 Each subclass keeps timm's constructor, parameters and the forward up to the attention product, which is written
 out here (timm has no hook for it) and replaced by ``AttentionKernel``. One subclass per (host, variant) is created
 at import time, so models that contain them pickle by reference, and its class name says the variant.
@@ -22,8 +34,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention, apply_rot_embed_cat
+from timm.models.cait import ClassAttn
+from timm.models.convit import GPSA, MHSA
 from timm.models.eva import EvaAttention
 from timm.models.swin_transformer import WindowAttention
+from timm.models.xcit import XCA
 
 from quest_core.kernel import AttentionKernel
 from quest_core.variants import get_variant, list_variants
@@ -131,7 +146,102 @@ class EvaQuestAttention(EvaAttention):
         return self.proj_drop(self.proj(x))
 
 
-HOSTS = {Attention: TimmAttention, WindowAttention: SwinWindowAttention, EvaAttention: EvaQuestAttention}
+class ConvitMHSA(MHSA):
+    """ConViT's ``MHSA`` (plain multi-head self-attention) with the product computed by a quest_core variant."""
+
+    variant = "quest"
+
+    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
+        weight = self.qkv.weight
+        self.kernel = AttentionKernel(variant, self.num_heads, weight.shape[1] // self.num_heads, qk_scale_init,
+                                      device=weight.device, dtype=weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q_bhld, k_bhld, v_bhld = qkv.unbind(0)
+        out_bhld = self.kernel(q_bhld, k_bhld, v_bhld, dropout_p=self.attn_drop.p if self.training else 0.0)
+        return self.proj_drop(self.proj(out_bhld.transpose(1, 2).reshape(B, N, C)))
+
+    def get_attention_map(self, x: torch.Tensor, return_map: bool = False):
+        """timm's mean attention distance per head (and the batch-mean map), from the variant's attention."""
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        attn_map_hnn = self.kernel.probs(qkv[0], qkv[1]).mean(0)
+        side = int(N ** 0.5)
+        coords_n2 = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij"), -1).flatten(0, 1)
+        distances_nn = torch.cdist(coords_n2.to(attn_map_hnn), coords_n2.to(attn_map_hnn))
+        dist_h = torch.einsum("nm,hnm->h", distances_nn, attn_map_hnn) / N
+        return (dist_h, attn_map_hnn) if return_map else dist_h
+
+
+class ConvitGPSA(GPSA):
+    """ConViT's gated positional self-attention with its content branch, softmax(q kᵀ · scale), computed by a
+    quest_core variant; the positional branch and the per-head gate are timm's."""
+
+    variant = "quest"
+
+    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
+        weight = self.qk.weight
+        self.kernel = AttentionKernel(variant, self.num_heads, self.dim // self.num_heads, qk_scale_init,
+                                      device=weight.device, dtype=weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        if self.rel_indices is None or self.rel_indices.shape[1] != N:
+            self.rel_indices = self.get_rel_indices(N)
+        v_bhld = self.v(x).reshape(B, N, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
+        attn_bhnn = self.attention(x, v_bhld)
+        return self.proj_drop(self.proj((attn_bhnn @ v_bhld).transpose(1, 2).reshape(B, N, C)))
+
+    def get_attention(self, x: torch.Tensor) -> torch.Tensor:
+        """The (B, H, N, N) gated attention (timm's ``get_attention_map`` uses it)."""
+        return self.attention(x, None)
+
+    def attention(self, x: torch.Tensor, v_bhld: torch.Tensor | None) -> torch.Tensor:
+        """(1 − σ(g)) · content + σ(g) · positional, renormalised and dropped out as timm does. The content matrix
+        comes from the kernel's forward when the values are given (telemetry and elliptical metrics see the call),
+        else from ``kernel.probs``."""
+        B, N, C = x.shape
+        qk = self.qk(x).reshape(B, N, 2, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q_bhld, k_bhld = qk.unbind(0)
+        if v_bhld is None:
+            content_bhnn = self.kernel.probs(q_bhld, k_bhld)
+        else:
+            _, content_bhnn = self.kernel(q_bhld, k_bhld, v_bhld, need_weights=True)
+        pos_bhnn = self.pos_proj(self.rel_indices.expand(B, -1, -1, -1)).permute(0, 3, 1, 2).softmax(dim=-1)
+        gate_h11 = torch.sigmoid(self.gating_param.view(1, -1, 1, 1))
+        attn_bhnn = (1.0 - gate_h11) * content_bhnn + gate_h11 * pos_bhnn
+        return self.attn_drop(attn_bhnn / attn_bhnn.sum(dim=-1, keepdim=True))
+
+
+class CaitClassAttn(ClassAttn):
+    """CaiT's class attention (the class token's query against all tokens; XCiT uses it too) with the product
+    computed by a quest_core variant."""
+
+    variant = "quest"
+
+    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
+        weight = self.q.weight
+        self.kernel = AttentionKernel(variant, self.num_heads, weight.shape[0] // self.num_heads, qk_scale_init,
+                                      device=weight.device, dtype=weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        heads = lambda t, n: t.reshape(B, n, self.num_heads, C // self.num_heads).transpose(1, 2)  # noqa: E731
+        q_bhld = heads(self.q(x[:, 0]).unsqueeze(1), 1)
+        k_bhld, v_bhld = heads(self.k(x), N), heads(self.v(x), N)
+        out_bhld = self.kernel(q_bhld, k_bhld, v_bhld, dropout_p=self.attn_drop.p if self.training else 0.0)
+        return self.proj_drop(self.proj(out_bhld.transpose(1, 2).reshape(B, 1, C)))
+
+
+HOSTS = {Attention: TimmAttention, WindowAttention: SwinWindowAttention, EvaAttention: EvaQuestAttention,
+         MHSA: ConvitMHSA, GPSA: ConvitGPSA, ClassAttn: CaitClassAttn}
+UNSUPPORTED = {
+    XCA: "not supported: XCiT's cross-covariance attention is a softmax over a channel x channel product of q and k "
+         "L2-normalised along the tokens, with a learned temperature; QUEST normalises each key over the head "
+         "dimension in token-to-token attention, which has no counterpart in it",
+}
 _LAYERS: dict[type, dict[str, type]] = {}
 for _base in HOSTS.values():
     _LAYERS[_base] = {}
@@ -163,3 +273,8 @@ def convert(module, variant: str, qk_scale_init: float | None = None):
     module.__class__ = _LAYERS[base][name]
     module.attach_kernel(name, qk_scale_init)
     return module
+
+
+def unsupported_reason(module) -> str | None:
+    """Why a known timm attention module has no variant form (``UNSUPPORTED``); None if it is not listed."""
+    return UNSUPPORTED.get(type(module))
