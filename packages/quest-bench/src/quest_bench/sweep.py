@@ -396,6 +396,9 @@ def start_local_ray(ray, attempts: int = 2, **kwargs) -> None:
         if attempt:
             print(f"note: Ray did not start ({problem}); trying once more, waiting up to {wait_s:.0f} s per step",
                   file=sys.stderr)
+        else:
+            print(f"starting a local Ray instance (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: "
+                  f"waiting up to {wait_s:.0f} s per start-up step)", file=sys.stderr, flush=True)
         try:
             with startup_settings(wait_s):
                 init_keeping_sigterm(ray, dashboard_port=free_port(), **kwargs)
