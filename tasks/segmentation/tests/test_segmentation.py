@@ -306,3 +306,21 @@ def test_an_interrupted_run_resumes_from_mmengine_s_latest_checkpoint(tmp_path):
     finally:
         ctx.close()
     assert ctx.resumed_from_step == 10 and again == straight and "final_max_logit" in again
+
+
+def test_data_parallel_runs_are_refused_up_front_with_the_reason(tmp_path, capsys):
+    from quest_bench.cli import main
+    from quest_bench.registry import get_task
+    from quest_bench.spec import RunSpec
+    from quest_bench.sweep import placement
+
+    out = tmp_path / "run"
+    assert main(["run", "segmentation", "--workers", "2", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot train on 2 data-parallel workers" in err and "never synchronise gradients" in err
+    assert not out.exists()  # refused before anything was written
+    spec = RunSpec("segmentation", "quest", "tiny", 0)
+    with pytest.raises(ValueError, match="use --workers 1"):
+        placement(spec, workers=2)  # what a sweep (and its dry run) resolves before Ray starts
+    assert placement(spec, workers=1).workers == 1
+    get_task("lm").check_workers(4)  # tasks on the shared engine train data-parallel

@@ -157,6 +157,10 @@ def cmd_run(args) -> int:
 
     spec = resolve(spec_from_args(args))
     check_device(args.device)
+    from quest_bench.registry import get_task
+
+    workers = args.workers or get_task(spec.task).resources_for(spec.preset).workers
+    get_task(spec.task).check_workers(workers)  # refused before anything is written
     out = Path(args.out) if args.out else Path("results") / "adhoc" / f"{spec.task}-{spec.variant}-{spec.run_id}"
     state = prepare_run_folder(out, spec, args.force)
     if state == "finished":
@@ -165,9 +169,6 @@ def cmd_run(args) -> int:
         return 0
     print(f"{'resuming' if state == 'resume' else 'running'} {spec.label()} -> {out}", file=sys.stderr)
     (out / "spec.json").write_text(json.dumps(spec_record(spec), indent=2, sort_keys=True))
-    from quest_bench.registry import get_task
-
-    workers = args.workers or get_task(spec.task).resources_for(spec.preset).workers
     if workers > 1:
         result = run_distributed(spec, out, args, workers)
     else:

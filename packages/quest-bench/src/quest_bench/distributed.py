@@ -78,6 +78,9 @@ def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str 
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from quest_bench.registry import get_task
+
+    get_task(spec.task).check_workers(workers)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     trainer = TorchTrainer(

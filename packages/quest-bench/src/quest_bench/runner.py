@@ -4,7 +4,8 @@ Test-only fault injection (``QUEST_BENCH_FAULTS``, comma-separated, inherited by
 ``crash_once=PATH`` kills the worker process the first time (creating PATH), so a retry must finish the run;
 ``crash_at_step=N`` (with ``crash_once=PATH``) kills it at training step N instead, the first time, so the retry
 must resume from the last checkpoint;
-``diverge_at_step=N`` turns the loss into NaN from step N, so the run must be recorded as diverged;
+``diverge_at_step=N`` turns the loss into NaN from step N, so the run must be recorded as diverged (with
+``diverge_rank=R``: on data-parallel worker R only, so every worker must still stop at step N);
 ``raise_for_seed=N`` raises outside the task's run for seed N (a Ray task error, whose traceback must be kept);
 ``hang_for_seed=N`` sleeps for an hour before running seed N (a run the sweep's timeout must cancel).
 """
@@ -83,7 +84,9 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         env=environment(device, data_root),
     )
     diverge_step = int(injected["diverge_at_step"]) if "diverge_at_step" in injected else None
+    diverge_rank = int(injected["diverge_rank"]) if "diverge_rank" in injected else None
     ctx = RunContext(out_dir, spec.variant, spec.seed, device, data_root, progress, fault_diverge_step=diverge_step,
+                     fault_diverge_rank=diverge_rank,
                      checkpoint_every=checkpoint_every, rank=rank, world_size=world_size, checkpoints=checkpoints,
                      run_name=f"{spec.label()} {spec.run_id[:12]}", fault_crash_step=crash_step,
                      fault_crash_exits=True)

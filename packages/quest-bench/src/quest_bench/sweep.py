@@ -87,6 +87,7 @@ def placement(spec: RunSpec, device: str = "auto", workers: int | None = None) -
     count = workers or res.workers
     if count < 1:
         raise ValueError(f"--workers must be >= 1, got {count}")
+    get_task(spec.task).check_workers(count)
     return Placement(chosen, count, res.num_cpus, gpus)
 
 

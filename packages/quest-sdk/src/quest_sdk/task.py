@@ -116,9 +116,17 @@ class Task(abc.ABC):
     config_class: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, Any]]]
     resources: ClassVar[dict[str, Resources]] = {}
+    # Non-empty: the task cannot train data-parallel (on several workers) yet, and this says why.
+    single_worker_reason: ClassVar[str] = ""
 
     def resources_for(self, preset: str) -> Resources:
         return self.resources.get(preset, Resources())
+
+    def check_workers(self, workers: int) -> None:
+        """Refuse a data-parallel run of a task that cannot train on several workers, saying why."""
+        if workers > 1 and self.single_worker_reason:
+            raise ValueError(f"task {self.name!r} cannot train on {workers} data-parallel workers: "
+                             f"{self.single_worker_reason}; use --workers 1")
 
     def timeout_for(self, preset: str) -> float:
         """Seconds a run of ``preset`` may take in a sweep before it is cancelled: the declared timeout; else, for a
@@ -159,7 +167,8 @@ class RunContext:
     def __init__(self, out_dir: Path, variant: str, seed: int = 0, device: str = "cpu", data_root: str | None = None,
                  progress: bool = True, max_logit: float = 1e4, fault_diverge_step: int | None = None,
                  checkpoint_every: int = 0, rank: int = 0, world_size: int = 1, checkpoints=None,
-                 run_name: str = "", fault_crash_step: int | None = None, fault_crash_exits: bool = False):
+                 run_name: str = "", fault_crash_step: int | None = None, fault_crash_exits: bool = False,
+                 fault_diverge_rank: int | None = None):
         from quest_sdk.checkpoint import FolderCheckpoints
 
         self.out_dir, self.variant, self.seed = Path(out_dir), variant, seed
@@ -171,6 +180,7 @@ class RunContext:
         self.checkpoints = checkpoints or FolderCheckpoints(self.out_dir, write=self.is_main)
         self.run_name = run_name or self.out_dir.name
         self.fault_diverge_step = fault_diverge_step  # test-only fault injection (see quest_bench.runner)
+        self.fault_diverge_rank = fault_diverge_rank  # None: every worker diverges at fault_diverge_step
         self.fault_crash_step, self.fault_crash_exits = fault_crash_step, fault_crash_exits
         self.telemetry_last: dict[str, float] = {}
         self.resumed_from_step = 0
@@ -223,7 +233,8 @@ class RunContext:
             self._bar.set_postfix(loss=f"{values['loss']:.3f}", refresh=False)
 
     def check(self, step: int, loss: float, telemetry: dict[str, float] | None = None) -> None:
-        """Raise Diverged on a non-finite loss or exploding attention logits."""
+        """Raise Diverged on a non-finite loss or exploding attention logits. With several workers the decision is
+        global (``agree``): every worker raises at the same step, whichever worker saw it."""
         if self.fault_crash_step is not None and step >= self.fault_crash_step:  # test-only: dies mid-run
             if self.fault_crash_exits:
                 import os
@@ -233,15 +244,39 @@ class RunContext:
                     time.sleep(5)        # polls the workers every few seconds) before the worker dies
                 os._exit(17)
             raise SimulatedCrash(f"simulated crash at step {step}")
-        if self.fault_diverge_step is not None and step >= self.fault_diverge_step:
+        if self.fault_diverge_step is not None and step >= self.fault_diverge_step \
+                and self.fault_diverge_rank in (None, self.rank):
             loss = math.nan
+        bad_rank, loss, telemetry = self.agree(loss, telemetry)
         if not math.isfinite(loss):
-            raise Diverged(step, f"loss is {loss}")
+            where = f" on worker {bad_rank} of {self.world_size}" if self.world_size > 1 else ""
+            raise Diverged(step, f"loss is {loss}{where}")
         if telemetry:
             self.telemetry_last = telemetry
             logit = telemetry.get("max_logit", 0.0)
             if not math.isfinite(logit) or logit > self.max_logit_limit:
                 raise Diverged(step, f"max attention logit {logit:.3g} > {self.max_logit_limit:g}")
+
+    def agree(self, loss: float, telemetry: dict[str, float] | None) -> tuple[int, float, dict[str, float] | None]:
+        """The step's divergence evidence of every worker, all-reduced (one collective per step, called by every
+        worker at every step): the highest rank whose loss is not finite (-1: none; its loss becomes NaN here) and
+        the largest max attention logit of all workers. One worker alone returns its own values."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world_size == 1 or not dist.is_initialized():
+            return (-1 if math.isfinite(loss) else self.rank), loss, telemetry
+        logit = (telemetry or {}).get("max_logit", -math.inf)
+        evidence = torch.tensor([-1.0 if math.isfinite(loss) else float(self.rank),
+                                 math.inf if math.isnan(logit) else logit], dtype=torch.float64,
+                                device=torch.device(self.device) if self.device != "cpu" else None)
+        dist.all_reduce(evidence, op=dist.ReduceOp.MAX)
+        bad_rank, logit = int(evidence[0]), float(evidence[1])
+        if bad_rank >= 0:
+            loss = math.nan if math.isfinite(loss) else loss
+        if telemetry:
+            telemetry = {**telemetry, "max_logit": logit}
+        return bad_rank, loss, telemetry
 
     def close(self) -> None:
         if self._events is not None:

@@ -43,6 +43,8 @@ class SegmentationTask(Task):
     higher_is_better = True
     leaderboard_metrics = {"aacc": True, "corrupted_miou": True}
     config_class = SegmentationConfig
+    single_worker_reason = ("mmengine's Runner here runs without a launcher: it would shard the data by rank but "
+                            "never synchronise gradients, so each worker would train its own model")
     presets = {
         # each preset names its config's learning rate, so that a -tuned suite finds the default recipe in its grid
         "tiny": {"lr": 2e-3},
