@@ -309,7 +309,7 @@ def cmd_leaderboard(args) -> int:
     out = Path(args.out) if args.out else Path(args.results) / folder / "leaderboard"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder")
-    out = write_leaderboard(runs, title, run_ids, out, tune)
+    out = write_leaderboard(runs, title, runs.matching(run_ids), out, tune)  # with runs stored under older ids
     print((out / "README.md").read_text())
     print(f"leaderboard: {out / 'README.md'}\n             {out / 'index.html'}")
     return 0

@@ -23,7 +23,7 @@ import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from quest_bench.registry import code_version, get_task
+from quest_bench.registry import canonical_overrides, check_variant, code_version, get_task
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec, check_name
 from quest_bench.store import unusable_reason
@@ -34,15 +34,15 @@ REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 def resolve(spec: RunSpec) -> RunSpec:
-    """Validate a spec (task, preset, variant, config keys) and fill in its code version."""
-    import quest_core
-
+    """Validate a spec (task, preset, variant, config keys) and fill in its code version; its overrides take their
+    config fields' types (``registry.canonical_overrides``) before the run_id is computed."""
     for kind, name in (("task", spec.task), ("variant", spec.variant), ("preset", spec.preset)):
         check_name(kind, name)
     task = get_task(spec.task)
-    quest_core.get_variant(spec.variant)
+    check_variant(spec.variant)
     task.make_config(spec.preset, spec.overrides)
-    return RunSpec(spec.task, spec.variant, spec.preset, spec.seed, dict(spec.overrides), code_version(task))
+    overrides = canonical_overrides(task, spec.overrides)
+    return RunSpec(spec.task, spec.variant, spec.preset, spec.seed, overrides, code_version(task))
 
 
 def faults() -> dict[str, str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quest_bench.result import RunResult
+from quest_bench.spec import RunSpec
 from quest_bench.store import Store
 
 ADHOC = "adhoc"
@@ -27,18 +28,49 @@ class RunSet:
     results: list[RunResult] = field(default_factory=list)
     folders: dict[str, Path] = field(default_factory=dict)  # run_id -> folder
     suites: dict[str, str] = field(default_factory=dict)  # run_id -> suite name ("adhoc" for ad-hoc runs)
+    canonical: dict[str, str] = field(default_factory=dict)  # run_id -> the id its spec has today (canonical_run_id)
 
-    def add(self, result: RunResult, folder: Path, suite: str) -> None:
+    def add(self, result: RunResult, folder: Path, suite: str, canonical: str | None = None) -> None:
+        """Add a run read from ``folder``; its overrides become their typed form (``canonical_run_id``)."""
         if result.run_id in self.folders:
             return  # the same run in two places (e.g. copied): listed once
+        self.canonical[result.run_id] = canonical or canonical_run_id(result, Path(folder))
         self.results.append(result)
         self.folders[result.run_id] = Path(folder)
         self.suites[result.run_id] = suite
 
+    def matching(self, run_ids: set[str]) -> set[str]:
+        """The stored runs whose id, or whose spec's id today, is in ``run_ids`` (a suite's specs)."""
+        return {r.run_id for r in self.results if r.run_id in run_ids or self.canonical[r.run_id] in run_ids}
+
     def merge(self, other: "RunSet") -> "RunSet":
         for r in other.results:
-            self.add(r, other.folders[r.run_id], other.suites[r.run_id])
+            self.add(r, other.folders[r.run_id], other.suites[r.run_id], other.canonical[r.run_id])
         return self
+
+
+def canonical_run_id(result: RunResult, folder: Path) -> str:
+    """The run_id of a stored run's spec with its overrides in their config fields' types
+    (``registry.canonical_overrides``), as every run_id is computed since. A run written before that, with an
+    override stored as text (``--set lr=3e-3`` kept "3e-3") or an integer for a float field (``1`` for 1.0), is
+    stored under the id of its raw spec; its folder keeps that name, and this maps it to the id its spec has today
+    (from its spec.json, with the code version recorded there), so that sweeps count it as done and the leaderboard
+    and exports pair it with the runs of the same value. The result's ``overrides`` are replaced by the canonical
+    ones in memory (the files are not changed). Runs whose task is not installed keep their id."""
+    from quest_bench.registry import canonical_overrides, get_task
+
+    try:
+        typed = canonical_overrides(get_task(result.task), result.overrides)
+    except ValueError:
+        return result.run_id  # a task not installed here, or a key it no longer has
+    if json.dumps(typed, sort_keys=True) == json.dumps(result.overrides, sort_keys=True):
+        return result.run_id
+    result.overrides = typed
+    try:
+        spec = RunSpec.from_json(json.loads((folder / "spec.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return result.run_id
+    return RunSpec(spec.task, spec.variant, spec.preset, spec.seed, typed, spec.code_version).run_id
 
 
 def suite_runs(results_dir: Path, suite: str) -> RunSet:

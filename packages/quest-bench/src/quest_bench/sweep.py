@@ -154,7 +154,14 @@ def check_sweep_args(max_retries: int, run_timeout: float | None) -> None:
 
 
 def todo_specs(suite: Suite, store: Store) -> list[RunSpec]:
+    """The suite's specs without a finished run in ``store`` (under its id, or under the id its spec had before
+    overrides were canonical: ``runs.canonical_run_id``)."""
+    from quest_bench.runs import canonical_run_id
+
     done = store.finished_ids()
+    if done:
+        done |= {canonical_run_id(r, store.run_dir(r.run_id)) for r in store.scan(warn=False)[0]
+                 if r.run_id in done}
     return [s for s in suite.specs if s.run_id not in done]
 
 

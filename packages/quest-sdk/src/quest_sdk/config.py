@@ -96,9 +96,10 @@ def coerce(value: Any, kind: type, key: str) -> Any:
     return float(value) if kind is float else value
 
 
-def make_config(config_class: type, values: dict[str, Any], owner: str) -> Any:
-    """Build ``config_class`` from ``values`` (preset + overrides): unknown keys, wrong types and out-of-range
-    values fail with a ``ValueError`` that names the key, the value and what is valid. ``owner`` names the task."""
+def typed_values(config_class: type, values: dict[str, Any], owner: str) -> dict[str, Any]:
+    """``values`` coerced to their fields' types (``coerce``): the canonical form of overrides, in which ``"3e-3"``
+    (YAML 1.1 reads an exponent without a dot as text), ``3e-3`` and ``0.003`` are one float and ``1`` for a float
+    field is ``1.0``. Unknown keys and wrong types fail with what is valid; ranges are checked by ``make_config``."""
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     defaults = config_class()
     typed = {}
@@ -108,6 +109,14 @@ def make_config(config_class: type, values: dict[str, Any], owner: str) -> Any:
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"{owner} has no config key {key!r}; valid keys: {', '.join(sorted(fields))}.{hint}")
         typed[key] = coerce(value, type(getattr(defaults, key)), key)
+    return typed
+
+
+def make_config(config_class: type, values: dict[str, Any], owner: str) -> Any:
+    """Build ``config_class`` from ``values`` (preset + overrides): unknown keys, wrong types and out-of-range
+    values fail with a ``ValueError`` that names the key, the value and what is valid. ``owner`` names the task."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    typed = typed_values(config_class, values, owner)
     for key, value in typed.items():
         valid = fields[key].metadata.get(RANGE_KEY)
         if valid is not None and not valid.accepts(value):
