@@ -96,6 +96,7 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     try:
         config = task.make_config(spec.preset, spec.overrides)
         result.config = {k: v for k, v in vars(config).items()}
+        result.primary_metric, result.validation_metric = task.metrics_for(config)
         seed_everything(spec.seed)
         output = task.run(config, ctx)
         result.metrics, result.data = output.metrics, output.data

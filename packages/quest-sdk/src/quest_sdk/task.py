@@ -122,6 +122,11 @@ class Task(abc.ABC):
     def resources_for(self, preset: str) -> Resources:
         return self.resources.get(preset, Resources())
 
+    def metrics_for(self, config: Any) -> tuple[str, str]:
+        """The (primary, validation) metric of a run with ``config``: the class's, unless a task's datasets are
+        scored differently (same direction, ``higher_is_better``)."""
+        return self.primary_metric, self.validation_metric
+
     def check_workers(self, workers: int) -> None:
         """Refuse a data-parallel run of a task that cannot train on several workers, saying why."""
         if workers > 1 and self.single_worker_reason:
@@ -150,6 +155,52 @@ class Task(abc.ABC):
         if preset not in self.presets:
             raise ValueError(f"task {self.name!r} has no preset {preset!r}; valid presets: {', '.join(self.presets)}")
         return make_config(self.config_class, {**self.presets[preset], **overrides}, f"task {self.name!r}")
+
+    # The values of the config's ``dataset`` key that ship with the task or are generated: they read nothing from
+    # --data-root. Every other value is read from there (``check_data``). A task without a ``dataset`` key
+    # generates its data and never reads --data-root.
+    shipped_datasets: ClassVar[tuple[str, ...]] = ()
+
+    def reads_data_root(self, config) -> bool:
+        """Whether a run of ``config`` reads anything from --data-root (a task whose other settings read files from
+        there, e.g. pretrained weights, extends this)."""
+        dataset = getattr(config, "dataset", None)
+        return dataset is not None and dataset not in self.shipped_datasets
+
+    def data_layout(self, config) -> str:
+        """The layout under --data-root that ``config``'s dataset expects, for error messages (tasks override)."""
+        return "the dataset's files (see the task's data module)"
+
+    def check_layout(self, config, root: Path) -> None:
+        """Raise ``ValueError`` (one line that names the expected layout) when ``root`` does not hold the data
+        ``config`` reads; cheap checks of names and folders only, nothing is downloaded. Tasks override this."""
+
+    def check_data(self, config, data_root: str | None, look: bool = True) -> None:
+        """Before anything runs (at ``resolve``, before Ray starts or a folder is written): a ``ValueError`` when
+        --data-root is given but the chosen dataset ignores it (naming the dataset key to set), when the dataset
+        needs it and it is missing, or (``look``: when the data root is visible from here) when it does not hold
+        the expected layout."""
+        dataset = getattr(config, "dataset", None)
+        if not self.reads_data_root(config):
+            if data_root:
+                what = (f"its dataset {dataset!r} ships with it (or is generated)" if dataset is not None
+                        else "it generates its data")
+                others = ([d for d in fields_choices(config, "dataset") if d not in self.shipped_datasets]
+                          if dataset is not None else [])
+                hint = (f"; to train on data from there set dataset= one of {', '.join(others)} (--set dataset=...)"
+                        if others else "; leave --data-root out")
+                raise ValueError(f"--data-root {data_root} is given, but task {self.name!r} reads nothing from it: "
+                                 f"{what}{hint}")
+            return
+        if not data_root:
+            raise ValueError(f"task {self.name!r}: dataset {dataset!r} is read from --data-root, which is not given; "
+                             f"expected under it: {self.data_layout(config)}")
+        if not look:
+            return
+        root = Path(data_root)
+        if not root.is_dir():
+            raise ValueError(f"--data-root {data_root} is not a folder; expected under it: {self.data_layout(config)}")
+        self.check_layout(config, root)
 
     @abc.abstractmethod
     def run(self, config: Any, ctx: "RunContext") -> TaskOutput:
@@ -283,6 +334,14 @@ class RunContext:
             self._events.close()
         if self._tracker is not None:
             self._tracker.close()
+
+
+def fields_choices(config, key: str) -> tuple:
+    """The declared choices of a config field (``quest_sdk.config.param(choices=...)``), or () if it has none."""
+    from quest_sdk.config import valid_values
+
+    valid = valid_values(type(config), key)
+    return tuple(valid.choices or ()) if valid is not None else ()
 
 
 def _row_step(line: str) -> int | None:

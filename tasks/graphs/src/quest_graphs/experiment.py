@@ -8,7 +8,9 @@ robustness vocabulary (``corruption_acc/<name>``, ``corruption_error/<name>`` fo
 Regression: ``test_mae`` (primary), ``val_mae``, ``mean_predictor_mae`` (the training mean predicted for every test
 molecule), ``corruption_mae/<name>`` (averaged over severities) and ``corrupted_mae``; no ``corruption_error/``
 (an error in target units is no 1 - score, so the leaderboard's mCE is left to the classification task). The model
-is scored as it is at the end of training (no checkpoint selection on validation).
+is scored as it is at the end of training, or, with ``select_best`` (the paper presets, GraphGPS's protocol), as it
+was at the end of the epoch with the best validation score (``best_epoch``): ROC-AUC for ogbg-molhiv (whose primary
+metric is then ``test_rocauc``), MAE for regression, accuracy otherwise.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ def run(cfg: GraphsConfig, ctx) -> TaskOutput:
     train_set, val_set, test_set = (with_random_walk_pe(g, cfg.walk_length) for g in (data.train, data.val, data.test))
     scale = TargetScale.of(data)
     model = make_model(cfg, data, ctx.variant).to(device)
-    steps = train(model, cfg, train_set, scale, ctx)
+    best = BestEpoch(lambda: validation_score(model, cfg, val_set, scale, device), data.is_regression) \
+        if cfg.select_best else None
+    steps = train(model, cfg, train_set, scale, ctx, best)
+    selected = {}
+    if best is not None:
+        model.load_state_dict(best.state)
+        selected = {"best_epoch": float(best.epoch)}
 
     score = mean_absolute_error if data.is_regression else accuracy
     test_out, val_out = predict(model, test_set, device), predict(model, val_set, device)
@@ -46,7 +54,7 @@ def run(cfg: GraphsConfig, ctx) -> TaskOutput:
         metrics |= {"test_rocauc": roc_auc(test_out, targets(test_set)),
                     "val_rocauc": roc_auc(val_out, targets(val_set))}
     metrics |= robustness(model, cfg, data, test_set, scale, ctx.seed, device)
-    metrics |= {f"final_{k}": v for k, v in ctx.telemetry_last.items()}
+    metrics |= selected | {f"final_{k}": v for k, v in ctx.telemetry_last.items()}
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
                       samples_seen=steps * cfg.batch_size)
 
@@ -79,15 +87,52 @@ class TargetScale:
         return out.squeeze(-1) * self.std + self.mean if self.regression else out
 
 
-def train(model: GraphGPS, cfg: GraphsConfig, graphs: list[Data], scale: TargetScale, ctx) -> int:
+class BestEpoch:
+    """Model selection on validation: ``consider(epoch, model)`` after each epoch keeps a copy of the model's state
+    when its validation score (``score()``) is the best so far (the earliest epoch on ties). A watcher of the engine,
+    so that the best state so far is in every checkpoint and a resumed run selects as an uninterrupted one."""
+
+    def __init__(self, score, lower_is_better: bool):
+        self.score, self.lower = score, lower_is_better
+        self.value, self.epoch, self.state = None, 0, None
+
+    def consider(self, epoch: int, model: torch.nn.Module) -> None:
+        value = self.score()
+        if self.value is None or (value < self.value if self.lower else value > self.value):
+            self.value, self.epoch = value, epoch
+            self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        model.train()
+
+    def update(self, step: int, loss: float) -> None:
+        pass  # considers epochs, not steps
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "epoch": self.epoch, "state": self.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value, self.epoch, self.state = state["value"], state["epoch"], state["state"]
+
+
+def validation_score(model: GraphGPS, cfg: GraphsConfig, val_set: list[Data], scale: TargetScale, device) -> float:
+    """What ``select_best`` selects on: validation ROC-AUC (ogbg-molhiv), MAE (regression) or accuracy."""
+    from quest_graphs.task import ROC_AUC_DATASETS
+
+    out, y = predict(model, val_set, device), targets(val_set)
+    if scale.regression:
+        return mean_absolute_error(scale.undo(out), y)
+    return roc_auc(out, y) if cfg.dataset in ROC_AUC_DATASETS else accuracy(out, y)
+
+
+def train(model: GraphGPS, cfg: GraphsConfig, graphs: list[Data], scale: TargetScale, ctx,
+          best: BestEpoch | None = None) -> int:
     """The shared engine: shuffled epochs of ``Batch.from_data_list``; cross-entropy, or L1 on standardised targets
-    (GraphGPS's ZINC loss). Returns the number of steps."""
+    (GraphGPS's ZINC loss); with ``best``, the model is considered after every epoch. Returns the number of steps."""
     per_epoch = steps_per_epoch(len(graphs), cfg.batch_size, "training molecules")
     steps = cfg.epochs * per_epoch
     warmup = min(steps, int(cfg.warmup_epochs * per_epoch))  # a run shortened below its warm-up warms up throughout
     trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=warmup,
                                             grad_clip=cfg.grad_clip, amp=cfg.amp, log_every=cfg.log_every),
-                      f"graphs/{cfg.dataset}")
+                      f"graphs/{cfg.dataset}", watchers={"best_epoch": best} if best else None)
 
     def loss_fn(net, idx, rng):  # no random augmentation: the step's generator is unused
         batch = Batch.from_data_list([graphs[i] for i in idx]).to(trainer.device)
@@ -96,7 +141,17 @@ def train(model: GraphGPS, cfg: GraphsConfig, graphs: list[Data], scale: TargetS
             return F.l1_loss(out.squeeze(-1).float(), scale.apply(batch.y))
         return F.cross_entropy(out.float(), batch.y)
 
-    trainer.fit(trainer.epoch_batches(len(graphs), cfg.batch_size).from_step, loss_fn)
+    epochs = trainer.epoch_batches(len(graphs), cfg.batch_size)
+
+    def batches(start: int):
+        for step, idx in enumerate(epochs.from_step(start), start):
+            if best is not None and step and step % per_epoch == 0:  # asked after the epoch's last step (and its
+                best.consider(step // per_epoch, model)                # checkpoint): the same on a resume
+            yield idx
+
+    trainer.fit(batches, loss_fn)
+    if best is not None:
+        best.consider(cfg.epochs, model)  # the last epoch (fit stops before asking for another batch)
     return steps
 
 
