@@ -65,7 +65,7 @@ class FixedMetric:
     def __init__(self, s):
         self.s = s
 
-    def next_metric(self, v, head_dim):
+    def next_metric(self, v, head_dim, visible=None):
         return self.s[: v.shape[-3]]  # one per key/value head
 
 

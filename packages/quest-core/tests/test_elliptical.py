@@ -17,19 +17,36 @@ def rand(*shape, seed=0):
 def test_the_metric_is_the_mean_absolute_change_of_the_values_normalised_by_its_maximum():
     v1, v2 = rand(2, 3, 5, 4, seed=1), rand(2, 3, 5, 4, seed=2)
     chain = MetricChain()
-    assert torch.equal(chain.next_metric(v1, 4), torch.ones(3, 1, 4))  # the first layer: M = I
+    assert torch.equal(chain.next_metric(v1, 4), torch.ones(2, 3, 1, 4))  # the first layer: M = I
     s = chain.next_metric(v2, 4)
-    for h in range(3):
-        m = [sum(abs(v2[b, h, n, d] - v1[b, h, n, d]).item() for b in range(2) for n in range(5)) / 10
-             for d in range(4)]
-        expected = [math.sqrt(max(x / max(m), METRIC_FLOOR)) for x in m]
-        torch.testing.assert_close(s[h, 0], torch.tensor(expected))
-    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 4), torch.ones(3, 1, 4))  # another shape: no estimate
+    for b in range(2):  # one metric per sequence and head
+        for h in range(3):
+            m = [sum(abs(v2[b, h, n, d] - v1[b, h, n, d]).item() for n in range(5)) / 5 for d in range(4)]
+            expected = [math.sqrt(max(x / max(m), METRIC_FLOOR)) for x in m]
+            torch.testing.assert_close(s[b, h, 0], torch.tensor(expected))
+    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 4), torch.ones(2, 3, 1, 4))  # another shape: no estimate
     chain.next_metric(rand(2, 3, 7, 4), 4)
-    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 6), torch.ones(3, 1, 6))  # values narrower than q, k
+    assert torch.equal(chain.next_metric(rand(2, 3, 7, 4), 6), torch.ones(2, 3, 1, 6))  # values narrower than q, k
     same = rand(2, 3, 7, 4, seed=9)
     chain.next_metric(same, 4)
-    assert torch.equal(chain.next_metric(same.clone(), 4), torch.ones(3, 1, 4))  # values unchanged: M = I
+    assert torch.equal(chain.next_metric(same.clone(), 4), torch.ones(2, 3, 1, 4))  # values unchanged: M = I
+
+
+def test_keys_no_query_can_see_do_not_enter_the_metric_and_float64_stays_float64():
+    v1, v2 = rand(1, 2, 6, 4, seed=1).double(), rand(1, 2, 6, 4, seed=2).double()
+    padding_mask = torch.tensor([True, True, True, True, False, False])  # keys 4, 5 are padding
+    chain = MetricChain()
+    chain.next_metric(v1, 4)
+    from quest_core.elliptical import visible_keys
+
+    attn_mask = padding_mask.expand(6, 6)  # (Lq, Lk): every query sees keys 0-3 only
+    s = chain.next_metric(v2, 4, visible_keys(attn_mask))
+    assert s.dtype == torch.float64
+    m = (v2 - v1).abs()[..., :4, :].mean(-2)  # only the visible keys
+    torch.testing.assert_close(s[..., 0, :], (m / m.amax(-1, keepdim=True)).clamp_min(METRIC_FLOOR).sqrt(),
+                               rtol=1e-12, atol=1e-12)
+    additive = torch.zeros(6, 6, dtype=torch.float64).masked_fill(~attn_mask, float("-inf"))
+    torch.testing.assert_close(visible_keys(additive), visible_keys(attn_mask))
 
 
 def test_elliptical_logits_are_the_mahalanobis_dot_product_and_the_quest_form_normalises_keys_in_it():
@@ -41,7 +58,7 @@ def test_elliptical_logits_are_the_mahalanobis_dot_product_and_the_quest_form_no
          / torch.einsum("bhjd,hd,bhjd->bhj", k, m[:, 0], k).sqrt()[:, :, None, :]),
     ):
         kernel = qc.AttentionKernel(variant, 2, 4)
-        kernel.metric_chain = type("Fixed", (), {"next_metric": lambda self, v_, d_: m.sqrt()})()
+        kernel.metric_chain = type("Fixed", (), {"next_metric": lambda self, v_, d_, visible=None: m.sqrt()})()
         torch.testing.assert_close(kernel(q, k, v), expected_logits.softmax(-1) @ v)
 
 
@@ -55,7 +72,7 @@ def test_a_linked_model_restarts_its_chain_at_every_forward_and_estimates_from_t
     first = model(x)
     torch.testing.assert_close(model(x), first)  # nothing leaks from one forward into the next
     metrics = [blk.self_attn.kernel._metric for blk in model.layers]
-    assert torch.equal(metrics[0], torch.ones(2, 1, 8))
+    assert torch.equal(metrics[0], torch.ones(2, 2, 1, 8))  # (batch, heads, 1, head dim)
     assert all(not torch.allclose(m, torch.ones_like(m)) for m in metrics[1:])
     first.sum().backward()  # the metric is detached: gradients flow through q, k, v as usual
     assert model.layers[0].self_attn.in_proj_weight.grad is not None

@@ -74,14 +74,7 @@ def test_the_task_model_swaps_every_variant_softmax_included():
     assert model.swap_report is not None and len(model.swap_report.swapped) == 2
 
 
-ELLIPTICAL = {v for v in quest_core.list_variants() if quest_core.get_variant(v).uses_metric}
-
-
-@pytest.mark.parametrize("variant", [
-    pytest.param(v, marks=pytest.mark.xfail(
-        strict=True, reason="quest-core's elliptical metric is one statistic of the whole forward (every graph of "
-                            "the batch, padding included): a molecule's output depends on its batch"))
-    if v in ELLIPTICAL else v for v in quest_core.list_variants()])
+@pytest.mark.parametrize("variant", quest_core.list_variants())  # elliptical too: its metric is per molecule
 def test_padding_never_changes_a_molecules_output(variant):
     model = gps(variant)
     small, *large = molecules(["OC(=O)CCl", "CC(C)Cc1ccc(cc1)C(C)C(=O)O", "Cn1cnc2c1c(=O)n(C)c(=O)n2C"],

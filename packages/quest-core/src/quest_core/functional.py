@@ -8,6 +8,8 @@ Fewer key/value heads than query heads (Hq % Hkv == 0) is grouped-query attentio
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -21,98 +23,118 @@ def reduction_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-class _ScaledL2Normalize(torch.autograd.Function):
-    """y = γ ⊙ x / max(‖x‖, eps) over the last dim, with an optional gain γ (shape (1,), (H, 1, 1) or (D,)).
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` that returns a new tensor only when the dtype changes. Inside an autograd.Function, a no-op
+    ``.to`` on the output makes torch.compile (eager, aot_eager and inductor backends, torch 2.11) return an
+    all-zero input gradient; ``test_compile.py`` guards against it."""
+    return x if x.dtype == dtype else x.to(dtype)
 
-    Memory: the norm is reduced in float32 (float64 for float64 inputs), but y is returned in x's dtype and is the
-    only full-size tensor saved: it is also the tensor the fused attention kernel saves, so the two share storage.
-    Backward recovers x/‖x‖ = y / γ from it and the saved per-row inverse norm (4 bytes a row), instead of keeping
-    x, x/‖x‖ or a float32 copy. (A gain with an exact zero would lose x/‖x‖ there: then x/‖x‖ is saved as well.)
-    Gradients: with u = x/‖x‖ and h = γ ⊙ g, dx = (h − u (h·u)) / ‖x‖ (just h/eps where ‖x‖ ≤ eps, where y is
-    linear in x), dγ = Σ g ⊙ u over the dims γ broadcasts along.
+
+class _ScaledL2Normalize(torch.autograd.Function):
+    """y = γ ⊙ x ⋅ inv over the last dim, inv = 1 / max(‖x‖, eps) given per row (computed without grad by the
+    caller), with an optional gain γ (shape (1,), (H, 1, 1) or (D,)).
+
+    Memory: saves the raw x (alive anyway: it is the projection's output, or a view of a fused qkv buffer), the
+    per-row ``inv`` (4 bytes a row) and γ; the normalised tensor is never saved here (``sdpa`` recomputes it for
+    SDPA's backward as well, see ``RecomputeSaved``). No host sync, whatever γ holds.
+    Gradients: with u = x ⋅ inv and h = γ ⊙ g, dx = (h − u (h·u)) ⋅ inv where ‖x‖ > eps, and h / eps where the clamp
+    is active (y is linear in x there); dγ = Σ g ⊙ u over the dims γ broadcasts along. Half-precision inputs keep
+    their dtype in backward (the row dot product is reduced in float32): no float32 tensor the size of x.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, gain: torch.Tensor | None, eps: float, gain_may_be_zero: bool = True
-                ) -> torch.Tensor:
-        ctx.gain_may_be_zero = gain_may_be_zero
-        compute = reduction_dtype(x)
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=compute)
-        active = norm > eps  # where the clamp is active, y = γ x / eps is linear in x
-        inv = norm.clamp_min_(eps).reciprocal_()
-        factor = inv if gain is None else inv * gain.to(compute)
-        if x.dtype == torch.bfloat16:  # one pass in bfloat16 (float32's range), no float32 copy of x
-            y = x * factor.to(x.dtype)
-        else:  # float32/float64 as they are; float16 through float32, where 1/‖x‖ of a tiny row cannot overflow
-            y = (x.to(compute) * factor).to(x.dtype)
-        keep_u = gain is not None and ctx.gain_may_be_zero and bool((gain == 0).any())  # a sync: only if needed
-        u = (x.to(compute) * inv).to(x.dtype) if keep_u else None
-        ctx.save_for_backward(y, inv, active, gain, u)
-        return y
+    def forward(ctx, x: torch.Tensor, inv: torch.Tensor, gain: torch.Tensor | None, eps: float) -> torch.Tensor:
+        ctx.eps = eps
+        ctx.save_for_backward(x, inv, gain)
+        return scale_rows(x, inv, gain)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        y, inv, active, gain, u = ctx.saved_tensors
-        compute = inv.dtype
-        g = g.to(compute)
-        if gain is None:
-            u, h = y.to(compute), g
-        else:
-            gain_c = gain.to(compute)
-            u = u.to(compute) if u is not None else y.to(compute) / gain_c
-            h = g * gain_c
-        dot = (h.unsqueeze(-2) @ u.unsqueeze(-1)).squeeze(-1) * active  # (..., 1), no (..., D) temporary
-        dx = (u * dot.neg_()).add_(h).mul_(inv).to(y.dtype)
-        dgain = (g * u).sum_to_size(gain.shape).to(gain.dtype) if gain is not None and ctx.needs_input_grad[1] else None
-        return dx, dgain, None, None
+        x, inv, gain = ctx.saved_tensors
+        work = torch.float32 if x.dtype == torch.float16 else x.dtype  # float16: 1/‖x‖ may overflow its range
+        inv_w = inv.to(work)
+        u = x.to(work) * inv_w
+        h = g.to(work) if gain is None else g.to(work) * gain.to(work)
+        clamped = inv >= torch.full((), ctx.eps, dtype=inv.dtype, device=inv.device).reciprocal()  # as computed
+        dot = (h * u).sum(-1, keepdim=True, dtype=inv.dtype).masked_fill_(clamped, 0.0)  # y = γ x / eps there
+        dx = cast((h - u * dot.to(work)).mul_(inv_w), x.dtype)  # (h may be g itself: never in place)
+        dgain = None
+        if gain is not None and ctx.needs_input_grad[2]:
+            dgain = cast((g.to(work) * u).sum_to_size(gain.shape), gain.dtype)
+        return dx, None, dgain, None
 
 
-def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS, *, gain: torch.Tensor | None = None,
-                 gain_may_be_zero: bool = True) -> torch.Tensor:
-    """γ ⊙ x / max(‖x‖, eps) over the last dim (γ = 1 without ``gain``), in x's dtype; the norm in float32.
-    ``gain_may_be_zero=False`` (a gain positive by construction) skips the zero check, a host sync on GPUs."""
-    return _ScaledL2Normalize.apply(x, gain, eps, gain_may_be_zero)
+def inverse_norm(x: torch.Tensor, eps: float = NORM_EPS) -> torch.Tensor:
+    """1 / max(‖x‖, eps) over the last dim, (..., 1), in float32 (float64 for float64 inputs), without grad."""
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=reduction_dtype(x))
+        return norm.clamp_min_(eps).reciprocal_()
 
 
-class _LayerNormSavingOutput(torch.autograd.Function):
-    """y = γ ⊙ (x − mean) / sqrt(var + eps) + β over the last dim, saving only y (shared with SDPA), the per-row
-    1/std (float32) and γ, β; backward recovers x̂ = (y − β) / γ (x̂ is saved as well if γ has an exact zero).
-    Gradients: h = γ ⊙ g, dx = (h − mean(h) − x̂ · mean(h ⊙ x̂)) / std, dγ = Σ g ⊙ x̂, dβ = Σ g."""
+def scale_rows(x: torch.Tensor, inv: torch.Tensor, gain: torch.Tensor | None) -> torch.Tensor:
+    """γ ⊙ x ⋅ inv in x's dtype: the forward of ``l2_normalize`` (also its recomputation, bit for bit)."""
+    factor = inv if gain is None else inv * gain.to(inv.dtype)
+    if x.dtype == torch.bfloat16:  # one pass in bfloat16 (float32's range), no float32 copy of x
+        return x * factor.to(x.dtype)
+    return cast(x.to(factor.dtype) * factor, x.dtype)  # float32/float64 as they are; float16 through float32
+
+
+def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS, *, gain: torch.Tensor | None = None) -> torch.Tensor:
+    """γ ⊙ x / max(‖x‖, eps) over the last dim (γ = 1 without ``gain``), in x's dtype; the norm in float32."""
+    return _ScaledL2Normalize.apply(x, inverse_norm(x, eps), gain, eps)
+
+
+class RecomputeSaved:
+    """Saved-tensor hooks that keep SDPA from storing the transformed q̂/k̂: when autograd saves one of them, it
+    keeps a recipe instead (the raw tensor, alive anyway, and its few per-row factors) and recomputes the tensor
+    bit for bit when SDPA's backward asks for it. Memory: what SDPA alone keeps, plus per-row factors.
+
+    A raw tensor modified in place between forward and backward is an error, as autograd reports it elsewhere.
+    Not used under ``torch.compile``: there the compiler's partitioner decides what to save and what to recompute.
+    """
+
+    def __init__(self):
+        self.recipes: list[tuple[torch.Tensor, torch.Tensor, int, object]] = []  # (output, raw input, version, fn)
+
+    def add(self, out: torch.Tensor, raw: torch.Tensor, recompute) -> torch.Tensor:
+        if out.requires_grad and not torch.compiler.is_compiling():
+            self.recipes.append((out, raw, raw._version, recompute))
+        return out
+
+    def pack(self, t: torch.Tensor):
+        for out, raw, version, recompute in self.recipes:
+            if t is out:
+                return raw, version, recompute
+        return t
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-                weight_may_be_zero: bool = True) -> torch.Tensor:
-        compute = reduction_dtype(x)
-        xc = x.to(compute)
-        var, mean = torch.var_mean(xc, dim=-1, keepdim=True, correction=0)
-        rstd = (var + eps).rsqrt_()
-        x_hat = (xc - mean).mul_(rstd)
-        y = (x_hat * weight.to(compute) + bias.to(compute)).to(x.dtype)
-        keep = x_hat.to(x.dtype) if weight_may_be_zero and bool((weight == 0).any()) else None
-        ctx.save_for_backward(y, rstd, weight, bias, keep)
-        return y
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        raw, version, recompute = packed
+        if raw._version != version:
+            raise RuntimeError("a q or k tensor of a quest_core attention call was modified in place between forward "
+                               "and backward; clone it before modifying it")
+        with torch.no_grad():
+            return recompute()
 
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        y, rstd, weight, bias, x_hat = ctx.saved_tensors
-        compute = rstd.dtype
-        g = g.to(compute)
-        w = weight.to(compute)
-        x_hat = x_hat.to(compute) if x_hat is not None else (y.to(compute) - bias.to(compute)) / w
-        h = g * w
-        dx = (h - h.mean(-1, keepdim=True) - x_hat * (h * x_hat).mean(-1, keepdim=True)).mul_(rstd).to(y.dtype)
-        dw = (g * x_hat).sum_to_size(weight.shape).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        db = g.sum_to_size(bias.shape).to(bias.dtype) if ctx.needs_input_grad[2] else None
-        return dx, dw, db, None, None
+    def hooks(self):
+        """The context that applies the recipes to whatever autograd saves inside it."""
+        if not self.recipes:
+            return contextlib.nullcontext()
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
 LAYER_NORM_EPS = 1e-6
 
 
-def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor],
+                   saved: RecomputeSaved | None = None) -> torch.Tensor:
     """One side (q or k) of a variant: apply the metric, normalise, scale by the (mapped) gain, add the bias (see
-    ``Side``); ``params`` holds the variant's parameters by name and, for metric variants, ``"metric"``."""
-    if side.metric:  # (H_kv, 1, D), repeated to the query heads under grouped-query attention
+    ``Side``); ``params`` holds the variant's parameters by name and, for metric variants, ``"metric"``. With
+    ``saved``, the result is registered for recomputation in backward instead of being stored."""
+    saved = saved or RecomputeSaved()
+    if side.metric:  # (..., H_kv, 1, D), repeated to the query heads under grouped-query attention
         metric = params["metric"]
         if metric.shape[-3] != x.shape[-3]:
             metric = metric.repeat_interleave(x.shape[-3] // metric.shape[-3], dim=-3)
@@ -120,24 +142,27 @@ def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor])
     gain = params[side.gain] if side.gain else None
     if gain is not None and side.gain_fn is not None:
         gain = side.gain_fn(gain)
-    if side.norm == "l2":  # a gain mapped by gain_fn (e.g. an exponential) is positive: no zero check
-        return l2_normalize(x, gain=gain, gain_may_be_zero=side.gain_fn is None)
-    if side.norm == "layernorm":
-        ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
-        weight = gain if gain is not None else ones
-        bias = params[side.bias] if side.bias else torch.zeros_like(ones)
-        return _LayerNormSavingOutput.apply(x, weight, bias, LAYER_NORM_EPS, gain is not None)
+    if side.norm == "l2":
+        inv = inverse_norm(x)
+        y = _ScaledL2Normalize.apply(x, inv, gain, NORM_EPS)
+        return saved.add(y, x, lambda: scale_rows(x, inv, gain))
+    if side.norm == "layernorm":  # torch's layer_norm saves x, its mean and 1/std: no output kept
+        weight = gain if gain is not None else None
+        bias = params[side.bias] if side.bias else None
+        y = F.layer_norm(x, x.shape[-1:], weight, bias, LAYER_NORM_EPS)
+        return saved.add(y, x, lambda: F.layer_norm(x, x.shape[-1:], weight, bias, LAYER_NORM_EPS))
     return x if gain is None else x * gain.to(x.dtype)
 
 
 def transform_qk(
-    spec: Variant, q_bhld: torch.Tensor, k_bhld: torch.Tensor, params: dict[str, torch.Tensor] | None = None
+    spec: Variant, q_bhld: torch.Tensor, k_bhld: torch.Tensor, params: dict[str, torch.Tensor] | None = None,
+    saved: RecomputeSaved | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply a variant's transforms (its declaration's ``q`` and ``k`` sides) with its parameters ``params`` (by
-    name, broadcast against (..., H, L, D)). Gains are folded into the normalisation, so each of q̂ and k̂ is one
-    saved tensor."""
+    name, broadcast against (..., H, L, D)). Gains are folded into the normalisation. Pass ``saved`` and run the
+    attention call inside ``saved.hooks()`` to recompute q̂, k̂ in backward instead of storing them."""
     params = params or {}
-    return transform_side(spec.q, q_bhld, params), transform_side(spec.k, k_bhld, params)
+    return transform_side(spec.q, q_bhld, params, saved), transform_side(spec.k, k_bhld, params, saved)
 
 
 def check_inputs(
@@ -146,47 +171,51 @@ def check_inputs(
 ) -> None:
     """Raise a ValueError/TypeError that says what is wrong and what is valid.
 
-    Shapes as in ``F.scaled_dot_product_attention``: q (..., Hq, Lq, D), k (..., Hkv, Lk, D), v (..., Hkv, Lk, Dv)
-    with the same leading dims; Hq ≠ Hkv (grouped-query attention) only with ``enable_gqa``.
+    Shapes as in ``F.scaled_dot_product_attention``: q (..., Lq, D), k (..., Lk, D), v (..., Lk, Dv), at least 2
+    dims, whose leading dims broadcast against each other (a batch of 1 in k/v serves every query batch); with
+    ``enable_gqa``, k/v may instead have fewer heads (dim -3) than q, a divisor of them (grouped-query attention).
     """
     for name, t in (("query", q), ("key", k), ("value", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 3:
-            raise ValueError(f"{name} must have at least 3 dims (..., heads, length, head_dim); got shape "
-                             f"{tuple(t.shape)}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., length, head_dim); got shape {tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"query, key, value must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.dim() == k.dim() == v.dim()):
-        raise ValueError(f"query, key, value must have the same number of dims; got shapes {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
-        raise ValueError(f"leading (batch) dims differ: query {tuple(q.shape[:-3])}, key {tuple(k.shape[:-3])}, "
-                         f"value {tuple(v.shape[:-3])}")
-    (hq, lq, d), (hk, lk, dk), (hv, lv, _) = q.shape[-3:], k.shape[-3:], v.shape[-3:]
+    (lq, d), (lk, dk), (lv, _) = q.shape[-2:], k.shape[-2:], v.shape[-2:]
     if d != dk:
         raise ValueError(f"query and key head dims differ: {d} vs {dk}")
-    if (hk, lk) != (hv, lv):
-        raise ValueError(f"key and value must have the same heads and length; got key {tuple(k.shape)}, "
-                         f"value {tuple(v.shape)}")
-    if hq != hk and not enable_gqa:
-        raise ValueError(f"query has {hq} heads but key/value have {hk}: pass enable_gqa=True for grouped-query "
-                         "attention (as in F.scaled_dot_product_attention)")
-    if hq % hk != 0:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) for grouped-query attention")
+    if lk != lv:
+        raise ValueError(f"key and value must have the same length; got key {tuple(k.shape)}, value {tuple(v.shape)}")
+    try:
+        torch.broadcast_shapes(k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"key {tuple(k.shape)} and value {tuple(v.shape)} leading dims do not broadcast") from None
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        hq, hk = (q.shape[-3] if q.dim() > 2 else 1), (k.shape[-3] if k.dim() > 2 else 1)
+        if hq == hk or min(q.dim(), k.dim()) < 3:
+            raise ValueError(f"leading (batch, head) dims do not broadcast: query {tuple(q.shape)}, key "
+                             f"{tuple(k.shape)}, value {tuple(v.shape)}") from None
+        if hq % hk != 0:
+            raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}) for grouped-query "
+                             "attention") from None
+        if not enable_gqa:
+            raise ValueError(f"query has {hq} heads but key/value have {hk}: pass enable_gqa=True for grouped-query "
+                             "attention (as in F.scaled_dot_product_attention)") from None
+        batch = (*torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]), hq)
     if attn_mask is not None:
-        if is_causal:
-            raise ValueError("pass attn_mask or is_causal=True, not both (fold the causal mask into attn_mask)")
         if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
             raise TypeError(f"attn_mask must be bool (True = attend) or floating (added to logits), got {attn_mask.dtype}")
-        target = (*q.shape[:-3], hq, lq, lk)
+        target = (*batch, lq, lk)
         try:
             torch.broadcast_shapes(attn_mask.shape, target)
         except RuntimeError:
             raise ValueError(
-                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., H, Lq, Lk) = {target}"
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (..., Lq, Lk) = {target}"
             ) from None
 
 
@@ -199,11 +228,9 @@ def sdpa(
     is_causal: bool = False,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """One fused SDPA call with an explicit scale; float masks are cast to the query dtype. Rows whose every key
-    is masked give 0 (SDPA's fused kernels already do; the explicit path is made to agree)."""
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        attn_mask = attn_mask.to(q_bhld.dtype)
-    enable_gqa = q_bhld.shape[-3] != k_bhld.shape[-3]
+    """One fused SDPA call with an explicit scale. Masks pass through unchanged (a float mask keeps its precision,
+    as in torch); grouped-query attention is switched on when the head counts differ."""
+    enable_gqa = q_bhld.dim() > 2 and k_bhld.dim() > 2 and q_bhld.shape[-3] != k_bhld.shape[-3] != 1
     return F.scaled_dot_product_attention(
         q_bhld, k_bhld, v_bhld, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa,
@@ -238,9 +265,11 @@ def attention(
             f"quest_core.SelfAttention or quest_core.MultiheadAttention (functional variants: {', '.join(functional)})"
         )
     check_inputs(query, key, value, attn_mask, is_causal, enable_gqa)
-    query, key = transform_qk(spec, query, key)
+    saved = RecomputeSaved()
+    query, key = transform_qk(spec, query, key, saved=saved)
     scale = spec.default_scale(query.shape[-1]) if scale is None else scale
-    return sdpa(query, key, value, scale, attn_mask, is_causal, dropout_p)
+    with saved.hooks():
+        return sdpa(query, key, value, scale, attn_mask, is_causal, dropout_p)
 
 
 def additive_mask(
@@ -248,14 +277,15 @@ def additive_mask(
 ) -> torch.Tensor | None:
     """The SDPA mask (bool True = attend, or float) and causal flag as one additive float mask, or None."""
     mask = None
-    if is_causal:
-        keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril()
-        mask = torch.zeros(lq, lk, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             mask = torch.zeros(attn_mask.shape, dtype=dtype, device=device).masked_fill(~attn_mask, float("-inf"))
         else:
             mask = attn_mask.to(dtype)
+    if is_causal:  # together with a mask, as torch's SDPA does: both apply
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril()
+        causal = torch.zeros(lq, lk, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+        mask = causal if mask is None else mask + causal
     return mask
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quest_core.elliptical import MetricChain
-from quest_core.functional import attention_probs, check_inputs, sdpa, transform_qk
+from quest_core.elliptical import MetricChain, visible_keys
+from quest_core.functional import RecomputeSaved, attention_probs, check_inputs, sdpa, transform_qk
 from quest_core.telemetry import LayerStats, attention_stats
 from quest_core.variants import get_variant
 
@@ -59,32 +59,36 @@ class AttentionKernel(nn.Module):
             out["metric"] = self._metric
         return out
 
-    def update_metric(self, v: torch.Tensor, causal: bool = False) -> None:
+    def update_metric(self, v: torch.Tensor, causal: bool = False, attn_mask: torch.Tensor | None = None) -> None:
         """Elliptical variants: this call's metric from the values v (..., H, L, D); a no-op otherwise.
 
-        The estimate averages over every token, so with ``causal`` attention a token would see a statistic of the
-        tokens after it. There, as BatchNorm does with its running statistics, a call uses the estimate of this
-        layer's previous training call (M = I before the first) and, in training mode, stores its own for the next.
+        The estimate is per sequence, over the keys some query can see under ``attn_mask``. With ``causal``
+        attention a token would see a statistic of the tokens after it: there, as BatchNorm does with its running
+        statistics, a call uses the batch-averaged estimate of this layer's previous training call (M = I before
+        the first) and, in training mode, stores its own for the next.
         """
         if not self.spec.uses_metric:
             return
         if self.metric_chain is None:
             raise RuntimeError(f"variant {self.variant!r} needs the previous layer's values: call "
                                "quest_core.link_elliptical(model) once on the model (swap_attention does)")
-        estimate = self.metric_chain.next_metric(v, self.head_dim)
         if not causal:
-            self._metric = estimate
+            self._metric = self.metric_chain.next_metric(v, self.head_dim, visible_keys(attn_mask))
             return
+        estimate = self.metric_chain.next_metric(v, self.head_dim)
+        estimate = estimate.flatten(0, -4).mean(0) if estimate.dim() > 3 else estimate  # one for every sequence
         if self._causal_metric is None or self._causal_metric.shape != estimate.shape:
             self._causal_metric = torch.ones_like(estimate)
         self._metric = self._causal_metric
         if self.training:
             self._causal_metric = estimate
 
-    def transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q̂, k̂): the variant's transform of q and k, laid out (..., H, L, D) (or (H, E, D) per edge)."""
+    def transform(self, q: torch.Tensor, k: torch.Tensor, saved: RecomputeSaved | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q̂, k̂): the variant's transform of q and k, laid out (..., H, L, D) (or (H, E, D) per edge); with
+        ``saved``, registered for recomputation in backward (see ``quest_core.functional.RecomputeSaved``)."""
         self.check_shapes(q)
-        return transform_qk(self.spec, q, k, self.params())
+        return transform_qk(self.spec, q, k, self.params(), saved)
 
     def scale(self) -> float:
         """The variant's logit scale for this kernel's head dim."""
@@ -134,8 +138,9 @@ class AttentionKernel(nn.Module):
         """
         check_inputs(q_bhld, k_bhld, v_bhld, attn_mask, is_causal)
         q_raw, k_raw = q_bhld, k_bhld
-        self.update_metric(v_bhld, causal=is_causal)
-        q_bhld, k_bhld = self.transform(q_bhld, k_bhld)
+        self.update_metric(v_bhld, causal=is_causal, attn_mask=attn_mask)
+        saved = RecomputeSaved()
+        q_bhld, k_bhld = self.transform(q_bhld, k_bhld, saved)
         scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
         if self.telemetry is not None:
             self.telemetry.update(
@@ -144,7 +149,8 @@ class AttentionKernel(nn.Module):
                 )
             )
         if not need_weights:
-            return sdpa(q_bhld, k_bhld, v_bhld, scale, attn_mask, is_causal, dropout_p)
+            with saved.hooks():
+                return sdpa(q_bhld, k_bhld, v_bhld, scale, attn_mask, is_causal, dropout_p)
         probs = attention_probs(q_bhld, k_bhld, scale, attn_mask, is_causal)
         dropped = nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
         if v_bhld.shape[-3] != probs.shape[-3]:
