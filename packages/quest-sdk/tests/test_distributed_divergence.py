@@ -4,19 +4,16 @@ with Diverged (instead of the healthy worker dying in its next all-reduce)."""
 
 import json
 import math
-import multiprocessing
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from quest_core import MultiheadAttention
 from quest_sdk.engine import Trainer, TrainSpec
 from quest_sdk.task import Diverged, RunContext
+from quest_sdk.testing import gloo_workers
 
 WORLD = 2
 JOIN_S = 300  # generous: a healthy pair finishes in seconds; a broken one would hang in an all-reduce
@@ -34,60 +31,38 @@ class Tiny(nn.Module):
         return self.head(self.attn(h_bnd, h_bnd, h_bnd, need_weights=False)[0].mean(1))
 
 
-def worker(rank: int, port: int, out: str, faults: dict, queue) -> None:
-    """One worker: train 8 steps on its own batches; report how it ended."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def worker(rank: int, out: str, faults: dict) -> tuple:
+    """One worker: train 8 steps on its own batches; how it ended."""
+    torch.manual_seed(0)
+    model = Tiny()
+    ctx = RunContext(Path(out) / f"rank{rank}", "softmax", seed=0, progress=False, rank=rank, world_size=WORLD,
+                     max_logit=faults.get("max_logit", 1e4), fault_diverge_step=faults.get("step"),
+                     fault_diverge_rank=faults.get("rank"))
+    trainer = Trainer(model, ctx, TrainSpec(steps=8, lr=1e-3, weight_decay=0.0, log_every=1), "test")
+    scale = faults.get("input_scale", {}).get(rank, 1.0)  # a worker whose inputs blow its logits up
+
+    def batches(start):
+        gen = torch.Generator().manual_seed(rank)
+        while True:
+            yield scale * torch.randn(4, 5, 3, generator=gen), torch.randint(0, 2, (4,), generator=gen)
+
+    def loss_fn(m, batch, rng):
+        x, y = batch
+        return nn.functional.cross_entropy(m(x), y)
+
     try:
-        torch.manual_seed(0)
-        model = Tiny()
-        ctx = RunContext(Path(out) / f"rank{rank}", "softmax", seed=0, progress=False, rank=rank, world_size=WORLD,
-                         max_logit=faults.get("max_logit", 1e4), fault_diverge_step=faults.get("step"),
-                         fault_diverge_rank=faults.get("rank"))
-        trainer = Trainer(model, ctx, TrainSpec(steps=8, lr=1e-3, weight_decay=0.0, log_every=1), "test")
-        scale = faults.get("input_scale", {}).get(rank, 1.0)  # a worker whose inputs blow its logits up
-
-        def batches(start):
-            gen = torch.Generator().manual_seed(rank)
-            while True:
-                yield scale * torch.randn(4, 5, 3, generator=gen), torch.randint(0, 2, (4,), generator=gen)
-
-        def loss_fn(m, batch, rng):
-            x, y = batch
-            return nn.functional.cross_entropy(m(x), y)
-
-        try:
-            trainer.fit(batches, loss_fn)
-            queue.put((rank, "finished", trainer.step, ""))
-        except Diverged as err:
-            queue.put((rank, "diverged", err.step, err.reason))
-        except Exception as err:  # e.g. a collective that lost its peer
-            queue.put((rank, "error", trainer.step, f"{type(err).__name__}: {err}"))
+        trainer.fit(batches, loss_fn)
+        return "finished", trainer.step, ""
+    except Diverged as err:
+        return "diverged", err.step, err.reason
     finally:
-        dist.destroy_process_group()
+        ctx.close()
 
 
 def run_pair(tmp_path, faults: dict) -> dict[int, tuple]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp = multiprocessing.get_context("fork")
-    queue = mp.Queue()
-    procs = [mp.Process(target=worker, args=(r, port, str(tmp_path), faults, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    outcomes = {}
-    try:
-        for _ in range(WORLD):
-            rank, *rest = queue.get(timeout=JOIN_S)
-            outcomes[rank] = tuple(rest)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return outcomes
+    """Both workers' outcomes; a worker that raised anything but Diverged (e.g. a collective that lost its peer)
+    comes back as ("error", traceback)."""
+    return gloo_workers(worker, WORLD, str(tmp_path), faults, timeout_s=JOIN_S)
 
 
 @pytest.mark.parametrize("bad_rank", [0, 1])

@@ -11,7 +11,9 @@ A task builds its model and says how to make a batch and its loss; ``Trainer.fit
   steps and at the end; a run started again in the same folder resumes from its last checkpoint and ends with the
   same numbers as an uninterrupted run (bitwise on a CPU with the same thread count);
 - data-parallel training when ``ctx`` says it is one of several workers (``torch.distributed`` initialised by
-  Ray Train): the model is wrapped in DDP and each worker takes its share of every global batch.
+  Ray Train): the model is wrapped in DDP and each worker takes its share of every global batch; divergence is
+  decided for all workers at once (``RunContext.check``); evaluations can be sharded the same way (``rank_shard``,
+  ``reduce_sums``: each worker scores its share, the counts are summed).
 
 Randomness that decides the data (which examples, which augmentation) comes from ``Trainer.rng(step)``, a generator
 derived from (seed, step) alone, so the data of step s is the same whether or not the run was interrupted before it.
@@ -256,6 +258,26 @@ class EpochBatches:
         while True:
             yield self.batch(step).tolist()
             step += 1
+
+
+def rank_shard(count: int, rank: int, world_size: int) -> range:
+    """This worker's contiguous share of ``count`` evaluation items (the first ``count % world_size`` workers take
+    one more): every item is evaluated by exactly one worker."""
+    per, extra = divmod(count, world_size)
+    start = rank * per + min(rank, extra)
+    return range(start, start + per + (rank < extra))
+
+
+def reduce_sums(values: list[float], ctx) -> list[float]:
+    """Sums over the data-parallel workers (an all-reduce, in float64, that every worker must call), or the values
+    themselves for one worker: how sharded evaluations add up their counts."""
+    import torch.distributed as dist
+
+    if ctx.world_size == 1 or not dist.is_initialized():
+        return list(values)
+    sums = torch.tensor(values, dtype=torch.float64, device=torch.device(ctx.device) if ctx.device != "cpu" else None)
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    return sums.cpu().tolist()
 
 
 def _limit(iterable: Iterable, count: int) -> Iterator:

@@ -37,3 +37,51 @@ def straight_and_resumed(run: Callable, cfg, folder: Path, variant: str = "quest
         raise AssertionError(f"the run never reached step {crash_step}: nothing was interrupted")
     resumed, step = attempt(Path(folder) / "resumed")
     return straight, resumed, step
+
+
+def gloo_workers(target: Callable, world_size: int, *args, timeout_s: float = 300.0) -> dict[int, object]:
+    """``target(rank, *args)`` in ``world_size`` forked CPU processes joined in one ``torch.distributed`` gloo group
+    (as Ray Train's workers are): what each returned, by rank, or ``("error", text)`` for one that raised. A worker
+    still running after ``timeout_s`` (e.g. stuck in a collective its peer left) is killed and reported as
+    ``("timeout", ...)``. For tests of data-parallel code paths without Ray."""
+    import multiprocessing
+    import os
+    import queue as queues
+    import socket
+    import traceback
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def main(rank, results):
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        try:
+            results.put((rank, target(rank, *args)))
+        except BaseException:
+            results.put((rank, ("error", traceback.format_exc())))
+        finally:
+            dist.destroy_process_group()
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    procs = [context.Process(target=main, args=(rank, results)) for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        for _ in range(world_size):
+            rank, value = results.get(timeout=timeout_s)
+            out[rank] = value
+    except queues.Empty:
+        out.update({r: ("timeout", f"no result after {timeout_s:g} s") for r in range(world_size) if r not in out})
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return out

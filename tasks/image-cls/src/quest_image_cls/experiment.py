@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from quest_sdk.data import require_data_root, stratified_subset, validation_split
-from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
+from quest_sdk.engine import Trainer, TrainSpec, rank_shard, reduce_sums, steps_per_epoch
 from quest_sdk.robustness import corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_image_cls import data as D
@@ -30,17 +30,24 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
     model = Classifier(vit, *D.MEAN_STD[cfg.dataset]).to(device)
     samples = train(model, cfg, train_set, ctx)
 
-    x_test, y_test = materialise(test_set, cfg.eval_samples)
-    metrics = {"test_acc": accuracy(model, x_test, y_test, device)}
+    # Evaluation streams through the datasets, never holding a whole split in memory: the evaluations over datasets
+    # are sharded over the data-parallel workers (counts summed); those on small tensor subsets (synthetic
+    # corruptions, attacks, the figure) load only their images, on the main worker alone.
+    keep = stratified_subset(labels_of(test_set), cfg.eval_samples, seed=0)
+    x_test, y_test = LazyImages(test_set, keep), labels_of(test_set)[keep]
+    metrics = {"test_acc": loader_accuracy(model, Subset(test_set, keep.tolist()), cfg, device, ctx=ctx)}
     if val_set is not None:
-        metrics["val_acc"] = loader_accuracy(model, val_set, cfg, device)
+        metrics["val_acc"] = loader_accuracy(model, val_set, cfg, device, ctx=ctx)
     root = Path(ctx.data_root) if ctx.data_root else None
-    if cfg.dataset == "imagenet" and D.imagenet_c_corruptions(root):
-        metrics.update(imagenet_c_metrics(model, cfg, root, test_set.class_to_idx, device))
-    else:
-        metrics.update(corruption_metrics(model, cfg, x_test, y_test, device, ctx.seed))
+    synthetic = not (cfg.dataset == "imagenet" and D.imagenet_c_corruptions(root))
+    if not synthetic:
+        metrics.update(imagenet_c_metrics(model, cfg, root, test_set.class_to_idx, device, ctx))
     if cfg.dataset == "imagenet" and (root / "imagenet-a").exists():
-        metrics["imagenet_a_acc"] = imagenet_a_accuracy(model, cfg, root, test_set.class_to_idx, device)
+        metrics["imagenet_a_acc"] = imagenet_a_accuracy(model, cfg, root, test_set.class_to_idx, device, ctx)
+    if not ctx.is_main:  # the other workers' results are not kept
+        return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)
+    if synthetic:
+        metrics.update(corruption_metrics(model, cfg, x_test, y_test, device, ctx.seed))
     attacked = stratified_subset(y_test, cfg.adv_samples, seed=ctx.seed)  # every class, not the first ones
     metrics.update(adversarial_accuracy(model.cpu() if ctx.device == "cpu" else model, x_test[attacked], y_test[attacked],
                                         D.NUM_CLASSES[cfg.dataset], cfg.adv_eps, cfg.pgd_steps, cfg.pgd_step_size,
@@ -81,11 +88,25 @@ def hold_out(train_set, eval_view, fraction: float):
 
 
 def materialise(dataset, limit: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A class-balanced subset of ``limit`` (0 = all) examples of a dataset as tensors (evaluation sets are small
-    here; the shipped test split is sorted by class)."""
-    keep = stratified_subset(labels_of(dataset), limit, seed=0).tolist()
-    xs, ys = zip(*(dataset[i] for i in keep))
-    return torch.stack(xs), torch.as_tensor(ys)
+    """A class-balanced subset of ``limit`` (0 = all) examples of a dataset as tensors: for small sets only (a run's
+    evaluation streams instead: ``loader_accuracy``, ``LazyImages``)."""
+    keep = stratified_subset(labels_of(dataset), limit, seed=0)
+    return LazyImages(dataset, keep)[torch.arange(len(keep))], labels_of(dataset)[keep]
+
+
+class LazyImages:
+    """The images ``dataset[keep[i]]`` of a subset, loaded only when indexed with ``i`` (a tensor or list of
+    positions): evaluations that need a few images as one tensor load those, never the whole subset."""
+
+    def __init__(self, dataset, keep: torch.Tensor):
+        self.dataset, self.keep = dataset, keep
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        positions = torch.as_tensor(idx).reshape(-1).tolist()
+        return torch.stack([self.dataset[int(self.keep[i])][0] for i in positions])
 
 
 def shift(x: torch.Tensor, pixels: int, gen: torch.Generator) -> torch.Tensor:
@@ -153,30 +174,38 @@ def spread_subset(dataset, limit: int):
 
 
 @torch.no_grad()
-def loader_accuracy(model, dataset, cfg: ImageClsConfig, device, classes: list[int] | None = None) -> float:
-    """Accuracy over a dataset; with ``classes``, the logits are restricted to those classes (ImageNet-A)."""
+def loader_accuracy(model, dataset, cfg: ImageClsConfig, device, classes: list[int] | None = None,
+                    ctx=None) -> float:
+    """Accuracy over a dataset, streamed in batches; with ``classes``, the logits are restricted to those classes
+    (ImageNet-A). With ``ctx`` of one of several data-parallel workers, each worker scores its shard
+    (``rank_shard``) and the counts are summed (every worker gets the same accuracy; each must call this)."""
+    if ctx is not None and ctx.world_size > 1:
+        dataset = Subset(dataset, list(rank_shard(len(dataset), ctx.rank, ctx.world_size)))
+    model.eval()
     hits = total = 0
     for x, y in DataLoader(dataset, batch_size=256, num_workers=cfg.num_workers):
         logits = model(x.to(device)).cpu()
         pred = logits.argmax(-1) if classes is None else torch.tensor(classes)[logits[:, classes].argmax(-1)]
         hits += int((pred == y).sum())
         total += len(y)
+    if ctx is not None:
+        hits, total = reduce_sums([hits, total], ctx)
     return hits / max(1, total)
 
 
-def imagenet_c_metrics(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device) -> dict:
+def imagenet_c_metrics(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device, ctx=None) -> dict:
     """The same metrics as corruption_metrics, on the real ImageNet-C folders (``corruption_samples`` each)."""
     transform = D.eval_transform("imagenet", cfg.img_size)
     return corruption_summary({
         name: [loader_accuracy(model, spread_subset(D.imagenet_c(root, name, s, class_to_idx, transform),
-                                                    cfg.corruption_samples), cfg, device) for s in SEVERITIES]
+                                                    cfg.corruption_samples), cfg, device, ctx=ctx) for s in SEVERITIES]
         for name in D.imagenet_c_corruptions(root)
     })
 
 
-def imagenet_a_accuracy(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device) -> float:
+def imagenet_a_accuracy(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device, ctx=None) -> float:
     dataset, classes = D.imagenet_a(root, class_to_idx, D.eval_transform("imagenet", cfg.img_size))
-    return loader_accuracy(model, dataset, cfg, device, classes)
+    return loader_accuracy(model, dataset, cfg, device, classes, ctx=ctx)
 
 
 def corruption_metrics(model, cfg: ImageClsConfig, x: torch.Tensor, y: torch.Tensor, device, seed: int) -> dict:
