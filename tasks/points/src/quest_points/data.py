@@ -5,7 +5,8 @@
 - ``modelnet10`` / ``modelnet40`` from ``--data-root``: the official Princeton ``.off`` layout
   (``ModelNet40/<class>/{train,test}/*.off``), read by ``torch_geometric.datasets.ModelNet`` (no download) with
   ``SamplePoints`` area-weighted sampling; PyG's processed cache goes to ``~/.cache/quest-bench/modelnet``, never
-  into the data root.
+  into the data root, and is built once per node (``modelnet_cache``: under a file lock, in a scratch folder renamed
+  into place when complete), so data-parallel workers on one node never race on it.
 - ``scanobjectnn`` from ``--data-root``: the h5 files of ScanObjectNN (``ScanObjectNN/main_split/
   {training,test}_objectdataset[_augmentedrot_scale75].h5`` with ``data`` (N, 2048, 3) and ``label``); the variant
   is chosen with ``scanobjectnn_split`` (``""`` = OBJ_ONLY, ``"_augmentedrot_scale75"`` = PB_T50_RS).
@@ -71,19 +72,52 @@ def load_modelnet(root: Path, name: str, num_points: int) -> PointClouds:
     folder = root / f"ModelNet{name}"
     if not folder.is_dir():
         raise FileNotFoundError(f"no {folder}; expected the official layout {folder}/<class>/{{train,test}}/*.off")
-    pyg_root = CACHE / "modelnet" / f"ModelNet{name}-{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]}-{num_points}"
-    pyg_root.mkdir(parents=True, exist_ok=True)
-    if not (pyg_root / "raw").exists():
-        (pyg_root / "raw").symlink_to(folder.resolve(), target_is_directory=True)
+    pyg_root = modelnet_cache(folder, name, num_points)
     splits = {}
-    for train in (True, False):
-        with torch.random.fork_rng():  # SamplePoints draws from the global generator (once per cache folder):
-            torch.manual_seed(0)       # seed it for the cache without touching the run's own random state
-            ds = ModelNet(str(pyg_root), name=name, train=train, pre_transform=SamplePoints(num_points))
+    for train in (True, False):  # reads the processed files (the cache is complete)
+        ds = ModelNet(str(pyg_root), name=name, train=train, pre_transform=SamplePoints(num_points))
         x = torch.stack([d.pos for d in ds]) if len(ds) else torch.zeros(0, num_points, 3)
         splits[train] = (normalize(x), torch.cat([d.y for d in ds]) if len(ds) else torch.zeros(0, dtype=torch.long))
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
     return PointClouds(*splits[True], *splits[False], classes, str(folder))
+
+
+COMPLETE = "complete"  # written last into a ModelNet cache folder before it is renamed into place
+
+
+def modelnet_cache(folder: Path, name: str, num_points: int) -> Path:
+    """PyG's processed ModelNet cache of ``folder`` (both splits), built once per node: the first process takes a
+    file lock, builds it in a scratch folder next to it and renames that into place when complete; the others wait
+    for the lock and find it done. A folder without the completion marker (an interrupted build of an older
+    version) is rebuilt."""
+    import shutil
+    import tempfile
+
+    from filelock import FileLock  # a dependency of torch
+    from torch_geometric.datasets import ModelNet
+    from torch_geometric.transforms import SamplePoints
+
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
+    final = CACHE / "modelnet" / f"ModelNet{name}-{digest}-{num_points}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{final}.lock"):
+        if (final / COMPLETE).exists():
+            return final
+        scratch = Path(tempfile.mkdtemp(prefix=f"{final.name}.building-", dir=final.parent))
+        try:
+            (scratch / "raw").symlink_to(folder.resolve(), target_is_directory=True)  # linked, not copied
+            for train in (True, False):
+                with torch.random.fork_rng():  # SamplePoints draws from the global generator (once per cache):
+                    torch.manual_seed(0)       # seed it without touching the run's own random state
+                    ModelNet(str(scratch), name=name, train=train, pre_transform=SamplePoints(num_points))
+            (scratch / COMPLETE).touch()
+            if final.exists():
+                shutil.rmtree(final)  # incomplete (rmtree unlinks the raw link, never the data behind it)
+            scratch.rename(final)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    return final
 
 
 def load_scanobjectnn(root: Path, variant: str) -> PointClouds:
