@@ -9,7 +9,7 @@ VENV_PY := .venv/bin/python
 # Debian packages: espeak-ng synthesizes the speech tasks' default data; chromium-headless-shell checks the leaderboard page.
 APT_PACKAGES := espeak-ng chromium-headless-shell
 
-.PHONY: main test test-fast bench setup apt
+.PHONY: main test test-fast bench gpu-check setup apt
 
 main: setup
 	.venv/bin/quest-bench sweep --suite smoke
@@ -24,6 +24,9 @@ test-fast: setup  # skips the end-to-end Ray runs
 
 bench: setup
 	$(VENV_PY) benchmarks/attention_speed.py --out benchmarks/results-cpu.md
+
+gpu-check: setup  # on a GPU machine (~5 min, no datasets): the CUDA tests, then lm at paper size (docs/cluster.md)
+	$(VENV_PY) benchmarks/gpu_check.py --out docs/gpu-check.md
 
 setup: apt .venv/.synced
 
