@@ -20,11 +20,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _transform_rows(x, gain, eps, NORMALIZE: tl.constexpr, HAS_GAIN: tl.constexpr):
     """A (rows, D) float32 tile → (x̂ = g ⊙ u, u, inv) with u = x · inv, inv = 1 / max(‖x‖, eps) per row when
     NORMALIZE (else u = x and inv = 1)."""
     if NORMALIZE:
-        inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+        inv = 1.0 / tl.maximum(tl.sqrt(tl.reduce(x * x, 1, _add)), eps)
     else:
         inv = tl.full((x.shape[0],), 1.0, tl.float32)
     u = x * inv[:, None]
@@ -44,7 +54,7 @@ def _transform_rows_grad(dx_hat, u, inv, gain, eps, NORMALIZE: tl.constexpr, HAS
     else:
         h = dx_hat
     if NORMALIZE:
-        dot = tl.sum(h * u, axis=1)
+        dot = tl.reduce(h * u, 1, _add)
         dot = tl.where(inv < 1.0 / eps, dot, 0.0)
         dx = (h - u * dot[:, None]) * inv[:, None]
     else:
@@ -107,8 +117,8 @@ def fwd_kernel(
     q_hat = q_hat.to(Q.dtype.element_ty)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
+    l_i = tl.full((BLOCK_M,), 0.0, tl.float32)
+    acc = tl.full((BLOCK_M, BLOCK_DV), 0.0, tl.float32)
     hi = LK
     if CAUSAL:
         hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
@@ -123,11 +133,11 @@ def fwd_kernel(
         s = tl.dot(q_hat, tl.trans(k_hat.to(K.dtype.element_ty)), input_precision=PRECISION) * qk_scale
         keep = _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL, HAS_KPM)
         s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _maximum))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing to attend yet stays at 0
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        l_i = l_i * alpha + tl.reduce(p, 1, _add)
         acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -152,7 +162,7 @@ def bwd_preprocess_kernel(O, DO, DELTA, sob, soh, som, sod, sdb, sdh, sdm, sdd, 
     mask = (offs_m < LQ)[:, None] & (offs_dv < DV)[None, :]
     o = tl.load(O + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod, mask=mask, other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd, mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    delta = tl.reduce(o.to(tl.float32) * do.to(tl.float32), 1, _add)
     tl.store(DELTA + pid_bh * LQ + offs_m, delta, mask=offs_m < LQ)
 
 
@@ -188,8 +198,8 @@ def bwd_dkdv_kernel(
     k_hat, k_unit, k_inv = _transform_rows(k.to(tl.float32), k_gain, eps, NORM_K, K_GAIN)
     k_hat_lp = k_hat.to(K.dtype.element_ty)
 
-    dk_hat = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_DV), tl.float32)
+    dk_hat = tl.full((BLOCK_N, BLOCK_D), 0.0, tl.float32)
+    dv = tl.full((BLOCK_N, BLOCK_DV), 0.0, tl.float32)
     lo = 0
     if CAUSAL:
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # query rows above the tile's first key see none of it
@@ -221,7 +231,7 @@ def bwd_dkdv_kernel(
     tl.store(DK + row[:, None] * D + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kd_mask)
     tl.store(DV_ + row[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=vd_mask)
     if K_GAIN_GRAD:
-        tl.store(DKG + (pid_bh * N_TILES + pid_n) * BLOCK_D + offs_d, tl.sum(dk_hat * k_unit, axis=0))
+        tl.store(DKG + (pid_bh * N_TILES + pid_n) * BLOCK_D + offs_d, tl.reduce(dk_hat * k_unit, 0, _add))
 
 
 @triton.jit
@@ -260,7 +270,7 @@ def bwd_dq_kernel(
     q_hat, q_unit, q_inv = _transform_rows(q.to(tl.float32), q_gain, eps, NORM_Q, Q_GAIN)
     q_hat_lp = q_hat.to(Q.dtype.element_ty)
 
-    dq_hat = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    dq_hat = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
     hi = LK
     if CAUSAL:
         hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
@@ -285,4 +295,4 @@ def bwd_dq_kernel(
     row = pid_bh * LQ + offs_m
     tl.store(DQ + row[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
     if Q_GAIN_GRAD:
-        tl.store(DQG + (pid_bh * M_TILES + pid_m) * BLOCK_D + offs_d, tl.sum(dq_hat * q_unit, axis=0))
+        tl.store(DQG + (pid_bh * M_TILES + pid_m) * BLOCK_D + offs_d, tl.reduce(dq_hat * q_unit, 0, _add))

@@ -13,7 +13,8 @@ any time. Gains may be a scalar (1,), one per head (H, 1, 1) or one per head dim
 (H, 1, D)); they get gradients.
 
 When it applies (``fused_supported`` says why not, in words): CUDA tensors, or any device with the environment
-variable ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests on a CPU); float16, bfloat16 or float32; head dims
+variable ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests on a CPU; float16 and float32 there, its bfloat16
+dot products are wrong); float16, bfloat16 or float32; head dims
 16 to 128 (any, padded to a power of two inside the kernel); grouped-query attention (fewer key/value heads);
 ``is_causal`` (top-left aligned, as SDPA) and a boolean key-padding mask (..., Lk), True = attend, together or
 alone. A query row with no key to attend gives 0, with zero gradients. Not supported: dropout, float masks and
@@ -132,6 +133,9 @@ def fused_supported(
     if query.device.type != "cuda" and not _interpreting():
         return False, (f"tensors are on {query.device.type}; the fused kernel needs CUDA tensors (or "
                        "TRITON_INTERPRET=1 to run it in Triton's interpreter, for tests)")
+    if query.dtype == torch.bfloat16 and _interpreting():
+        return False, ("Triton's interpreter computes bfloat16 dot products wrongly (it multiplies their raw bits); "
+                       "run bfloat16 on CUDA, or float16/float32 in the interpreter")
     if not (query.dim() == key.dim() == value.dim()) or not (query.shape[:-3] == key.shape[:-3] == value.shape[:-3]):
         return False, (f"query, key, value must share their leading (batch) dims; got {tuple(query.shape)}, "
                        f"{tuple(key.shape)}, {tuple(value.shape)}")
@@ -210,8 +214,8 @@ def _gain_table(gain: torch.Tensor | None, heads: int, head_dim: int) -> torch.T
 def _tiles(head_dim_pad: int, dtype: torch.dtype, interpret: bool) -> dict[str, tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel. Not tuned on a GPU yet: flash-attention-2's usual
     starting points, smaller for float32 and head dim 128 (registers and shared memory)."""
-    if interpret:  # small tiles: the shapes tests use still span several tiles
-        return {"fwd": (16, 16, 1, 1), "dkdv": (16, 16, 1, 1), "dq": (16, 16, 1, 1)}
+    if interpret:  # the interpreter's cost grows with the number of programs; tests' lengths still span 2+ tiles
+        return {"fwd": (32, 32, 1, 1), "dkdv": (32, 32, 1, 1), "dq": (32, 32, 1, 1)}
     if dtype != torch.float32 and head_dim_pad <= 64:
         return {"fwd": (128, 64, 4, 3), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}
     if dtype != torch.float32:
