@@ -324,3 +324,19 @@ class TestCompiledOnCuda:
     def test_key_padding_and_gqa(self):
         mask = (torch.arange(300)[None, :] < torch.tensor([300, 77])[:, None]).cuda()
         self.run(torch.float16, h=8, hkv=2, key_padding_mask=mask)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
+def test_gpu_benchmark_exits_cleanly_without_a_gpu(tmp_path, capsys):
+    """benchmarks/attention_gpu.py says there is no CUDA device, exits 0 and writes no report."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "attention_gpu.py"
+    spec = importlib.util.spec_from_file_location("attention_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "report.md"
+    assert module.main(["--out", str(out)]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+    assert not out.exists()
