@@ -73,6 +73,28 @@ def _load_gain(G, row, D, offs_d, d_valid, HAS_GAIN: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(X, b, h, offs, valid, sb, sh, sl, sd, D, BLOCK_D: tl.constexpr):
+    """The (len(offs), BLOCK_D) tile of rows ``offs`` of head (b, h) of X, zero outside ``valid`` and D."""
+    offs_d = tl.arange(0, BLOCK_D)
+    return tl.load(X + b * sb + h * sh + offs[:, None] * sl + offs_d[None, :] * sd,
+                   mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _load_transformed(X, G, b, h, start, sb, sh, sl, sd, L, D, eps,
+                      NORMALIZE: tl.constexpr, HAS_GAIN: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows start .. start + BLOCK of head (b, h) of a q or k tensor, transformed in float32:
+    (offs, valid, x̂ in X's dtype, u, inv, gain); see ``_transform_rows``."""
+    offs = start + tl.arange(0, BLOCK)
+    valid = offs < L
+    offs_d = tl.arange(0, BLOCK_D)
+    x = _load_rows(X, b, h, offs, valid, sb, sh, sl, sd, D, BLOCK_D)
+    gain = _load_gain(G, h, D, offs_d, offs_d < D, HAS_GAIN)
+    x_hat, u, inv = _transform_rows(x.to(tl.float32), gain, eps, NORMALIZE, HAS_GAIN)
+    return offs, valid, x_hat.to(X.dtype.element_ty), u, inv, gain
+
+
+@triton.jit
 def _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr):
     """(BLOCK_M, BLOCK_N) True where query row i may attend key j: inside both lengths, the key not padded
     (key-padding mask, True = attend) and, when causal, j ≤ i (top-left aligned, as SDPA)."""
@@ -83,6 +105,16 @@ def _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL: tl.co
     if CAUSAL:
         keep = keep & (offs_n[None, :] <= offs_m[:, None])
     return keep
+
+
+@triton.jit
+def _probs_and_grad(q_hat, k_hat, v, do, lse, delta, keep, qk_scale, PRECISION: tl.constexpr):
+    """Backward's recomputation on one (query tile, key tile): P = exp2(qk_scale · q̂ k̂ᵀ − LSE) where kept, and
+    dS = P ⊙ (dO Vᵀ − delta) (the gradient of the unscaled logits, up to the factor ``scale``)."""
+    s = tl.dot(q_hat, tl.trans(k_hat), input_precision=PRECISION) * qk_scale
+    p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return p, p * (dp - delta[:, None])
 
 
 @triton.jit
@@ -102,20 +134,8 @@ def fwd_kernel(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    m_valid = offs_m < LQ
-    d_valid = offs_d < D
-    dv_valid = offs_dv < DV
-
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
-    q_gain = _load_gain(QG, h, D, offs_d, d_valid, Q_GAIN)
-    k_gain = _load_gain(KG, hk, D, offs_d, d_valid, K_GAIN)
-    q_hat, _, _ = _transform_rows(q.to(tl.float32), q_gain, eps, NORM_Q, Q_GAIN)
-    q_hat = q_hat.to(Q.dtype.element_ty)
-
+    offs_m, m_valid, q_hat, _, _, _ = _load_transformed(Q, QG, b, h, pid_m * BLOCK_M, sqb, sqh, sqm, sqd, LQ, D, eps,
+                                                        NORM_Q, Q_GAIN, BLOCK_M, BLOCK_D)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.full((BLOCK_M,), 0.0, tl.float32)
     acc = tl.full((BLOCK_M, BLOCK_DV), 0.0, tl.float32)
@@ -123,14 +143,10 @@ def fwd_kernel(
     if CAUSAL:
         hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < LK
-        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
-        k_hat, _, _ = _transform_rows(k.to(tl.float32), k_gain, eps, NORM_K, K_GAIN)
-        s = tl.dot(q_hat, tl.trans(k_hat.to(K.dtype.element_ty)), input_precision=PRECISION) * qk_scale
+        offs_n, n_valid, k_hat, _, _, _ = _load_transformed(K, KG, b, hk, start_n, skb, skh, skn, skd, LK, D, eps,
+                                                            NORM_K, K_GAIN, BLOCK_N, BLOCK_D)
+        v = _load_rows(V, b, hk, offs_n, n_valid, svb, svh, svn, svd, DV, BLOCK_DV)
+        s = tl.dot(q_hat, tl.trans(k_hat), input_precision=PRECISION) * qk_scale
         keep = _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL, HAS_KPM)
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _maximum))
@@ -144,8 +160,9 @@ def fwd_kernel(
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    offs_dv = tl.arange(0, BLOCK_DV)
     tl.store(O + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod, out.to(O.dtype.element_ty),
-             mask=m_valid[:, None] & dv_valid[None, :])
+             mask=m_valid[:, None] & (offs_dv < DV)[None, :])
     tl.store(LSE + pid_bh * LQ + offs_m, lse, mask=m_valid)
 
 
@@ -158,12 +175,11 @@ def bwd_preprocess_kernel(O, DO, DELTA, sob, soh, som, sod, sdb, sdh, sdm, sdd, 
     b = pid_bh // H
     h = pid_bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask = (offs_m < LQ)[:, None] & (offs_dv < DV)[None, :]
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod, mask=mask, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd, mask=mask, other=0.0)
+    m_valid = offs_m < LQ
+    o = _load_rows(O, b, h, offs_m, m_valid, sob, soh, som, sod, DV, BLOCK_DV)
+    do = _load_rows(DO, b, h, offs_m, m_valid, sdb, sdh, sdm, sdd, DV, BLOCK_DV)
     delta = tl.reduce(o.to(tl.float32) * do.to(tl.float32), 1, _add)
-    tl.store(DELTA + pid_bh * LQ + offs_m, delta, mask=offs_m < LQ)
+    tl.store(DELTA + pid_bh * LQ + offs_m, delta, mask=m_valid)
 
 
 @triton.jit
@@ -183,20 +199,9 @@ def bwd_dkdv_kernel(
     pid_bh = tl.program_id(1)
     b = pid_bh // HKV
     hk = pid_bh % HKV
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    n_valid = offs_n < LK
-    d_valid = offs_d < D
-    dv_valid = offs_dv < DV
-    kd_mask = n_valid[:, None] & d_valid[None, :]
-    vd_mask = n_valid[:, None] & dv_valid[None, :]
-
-    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd, mask=kd_mask, other=0.0)
-    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd, mask=vd_mask, other=0.0)
-    k_gain = _load_gain(KG, hk, D, offs_d, d_valid, K_GAIN)
-    k_hat, k_unit, k_inv = _transform_rows(k.to(tl.float32), k_gain, eps, NORM_K, K_GAIN)
-    k_hat_lp = k_hat.to(K.dtype.element_ty)
+    offs_n, n_valid, k_hat, k_unit, k_inv, k_gain = _load_transformed(
+        K, KG, b, hk, pid_n * BLOCK_N, skb, skh, skn, skd, LK, D, eps, NORM_K, K_GAIN, BLOCK_N, BLOCK_D)
+    v = _load_rows(V, b, hk, offs_n, n_valid, svb, svh, svn, svd, DV, BLOCK_DV)
 
     dk_hat = tl.full((BLOCK_N, BLOCK_D), 0.0, tl.float32)
     dv = tl.full((BLOCK_N, BLOCK_DV), 0.0, tl.float32)
@@ -205,31 +210,26 @@ def bwd_dkdv_kernel(
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # query rows above the tile's first key see none of it
     for g in range(0, GROUP):
         h = hk * GROUP + g
-        q_gain = _load_gain(QG, h, D, offs_d, d_valid, Q_GAIN)
         for start_m in range(lo, LQ, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            m_valid = offs_m < LQ
-            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                        mask=m_valid[:, None] & d_valid[None, :], other=0.0)
-            do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
-                         mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+            offs_m, m_valid, q_hat, _, _, _ = _load_transformed(Q, QG, b, h, start_m, sqb, sqh, sqm, sqd, LQ, D, eps,
+                                                                NORM_Q, Q_GAIN, BLOCK_M, BLOCK_D)
+            do = _load_rows(DO, b, h, offs_m, m_valid, sdb, sdh, sdm, sdd, DV, BLOCK_DV)
             lse = tl.load(LSE + (b * H + h) * LQ + offs_m, mask=m_valid, other=float("inf"))
             delta = tl.load(DELTA + (b * H + h) * LQ + offs_m, mask=m_valid, other=0.0)
-            q_hat, _, _ = _transform_rows(q.to(tl.float32), q_gain, eps, NORM_Q, Q_GAIN)
-            q_hat = q_hat.to(Q.dtype.element_ty)
-            s = tl.dot(q_hat, tl.trans(k_hat_lp), input_precision=PRECISION) * qk_scale
             keep = _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL, HAS_KPM)
-            p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
+            p, ds = _probs_and_grad(q_hat, k_hat, v, do, lse, delta, keep, qk_scale, PRECISION)
             dv += tl.dot(tl.trans(p.to(DO.dtype.element_ty)), do, input_precision=PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
             dk_hat += tl.dot(tl.trans(ds.to(Q.dtype.element_ty)), q_hat, input_precision=PRECISION)
     dk_hat = dk_hat * scale
 
     dk = _transform_rows_grad(dk_hat, k_unit, k_inv, k_gain, eps, NORM_K, K_GAIN)
     row = pid_bh * LK + offs_n
-    tl.store(DK + row[:, None] * D + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kd_mask)
-    tl.store(DV_ + row[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=vd_mask)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    tl.store(DK + row[:, None] * D + offs_d[None, :], dk.to(DK.dtype.element_ty),
+             mask=n_valid[:, None] & (offs_d < D)[None, :])
+    tl.store(DV_ + row[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty),
+             mask=n_valid[:, None] & (offs_dv < DV)[None, :])
     if K_GAIN_GRAD:
         tl.store(DKG + (pid_bh * N_TILES + pid_n) * BLOCK_D + offs_d, tl.reduce(dk_hat * k_unit, 0, _add))
 
@@ -252,47 +252,29 @@ def bwd_dq_kernel(
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    m_valid = offs_m < LQ
-    d_valid = offs_d < D
-    dv_valid = offs_dv < DV
-    qd_mask = m_valid[:, None] & d_valid[None, :]
-
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd, mask=qd_mask, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
-                 mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+    offs_m, m_valid, q_hat, q_unit, q_inv, q_gain = _load_transformed(
+        Q, QG, b, h, pid_m * BLOCK_M, sqb, sqh, sqm, sqd, LQ, D, eps, NORM_Q, Q_GAIN, BLOCK_M, BLOCK_D)
+    do = _load_rows(DO, b, h, offs_m, m_valid, sdb, sdh, sdm, sdd, DV, BLOCK_DV)
     lse = tl.load(LSE + pid_bh * LQ + offs_m, mask=m_valid, other=float("inf"))
     delta = tl.load(DELTA + pid_bh * LQ + offs_m, mask=m_valid, other=0.0)
-    q_gain = _load_gain(QG, h, D, offs_d, d_valid, Q_GAIN)
-    k_gain = _load_gain(KG, hk, D, offs_d, d_valid, K_GAIN)
-    q_hat, q_unit, q_inv = _transform_rows(q.to(tl.float32), q_gain, eps, NORM_Q, Q_GAIN)
-    q_hat_lp = q_hat.to(Q.dtype.element_ty)
 
     dq_hat = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
     hi = LK
     if CAUSAL:
         hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < LK
-        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
-        k_hat, _, _ = _transform_rows(k.to(tl.float32), k_gain, eps, NORM_K, K_GAIN)
-        k_hat = k_hat.to(K.dtype.element_ty)
-        s = tl.dot(q_hat_lp, tl.trans(k_hat), input_precision=PRECISION) * qk_scale
+        offs_n, n_valid, k_hat, _, _, _ = _load_transformed(K, KG, b, hk, start_n, skb, skh, skn, skd, LK, D, eps,
+                                                            NORM_K, K_GAIN, BLOCK_N, BLOCK_D)
+        v = _load_rows(V, b, hk, offs_n, n_valid, svb, svh, svn, svd, DV, BLOCK_DV)
         keep = _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL, HAS_KPM)
-        p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        _, ds = _probs_and_grad(q_hat, k_hat, v, do, lse, delta, keep, qk_scale, PRECISION)
         dq_hat += tl.dot(ds.to(K.dtype.element_ty), k_hat, input_precision=PRECISION)
     dq_hat = dq_hat * scale
 
     dq = _transform_rows_grad(dq_hat, q_unit, q_inv, q_gain, eps, NORM_Q, Q_GAIN)
+    offs_d = tl.arange(0, BLOCK_D)
     row = pid_bh * LQ + offs_m
-    tl.store(DQ + row[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=qd_mask)
+    tl.store(DQ + row[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=m_valid[:, None] & (offs_d < D)[None, :])
     if Q_GAIN_GRAD:
         tl.store(DQG + (pid_bh * M_TILES + pid_m) * BLOCK_D + offs_d, tl.reduce(dq_hat * q_unit, 0, _add))
