@@ -11,6 +11,7 @@ fused ``F.scaled_dot_product_attention`` call with an explicit scale.
 - ``swap_attention(model, variant)``: in-place surgery of third-party models; ``timm_attn_layer(variant)``.
 - ``link_elliptical(model)``: the inter-layer state of the elliptical variants, for models built directly.
 - ``Telemetry``: opt-in per-layer query/key norms, max logit and attention entropy.
+- ``saved_bytes(fn)``, ``peak_bytes(fn)``: memory kept for backward and the allocator's peak (``quest_core.memory``).
 """
 
 import importlib
@@ -24,6 +25,7 @@ _EXPORTS = {
     "MultiheadAttention": "modules", "SelfAttention": "modules", "TransformerBlock": "modules",
     "SwapReport": "surgery", "swap_attention": "surgery",
     "Telemetry": "telemetry", "summarize": "telemetry",
+    "peak_bytes": "memory", "saved_bytes": "memory",
     **{name: "variants" for name in ("Param", "Side", "Variant", "VariantSpec", "get_variant", "henry_scale_init",
                                      "list_variants", "register_variant")},
 }

@@ -9,6 +9,7 @@ Fewer key/value heads than query heads (Hq % Hkv == 0) is grouped-query attentio
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +25,10 @@ def reduction_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x.to(dtype)`` that returns a new tensor only when the dtype changes. Inside an autograd.Function, a no-op
-    ``.to`` on the output makes torch.compile (eager, aot_eager and inductor backends, torch 2.11) return an
-    all-zero input gradient; ``test_compile.py`` guards against it."""
+    """``x.to(dtype)`` that returns a new tensor only when the dtype changes. Inside an autograd.Function's forward,
+    an output that is a no-op ``.to`` of a tensor, or that was made by an in-place op, makes torch.compile (eager,
+    aot_eager and inductor backends, torch 2.11) return an all-zero input gradient; ``test_compile.py`` guards
+    against both."""
     return x if x.dtype == dtype else x.to(dtype)
 
 
@@ -52,15 +54,15 @@ class _ScaledL2Normalize(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         x, inv, gain = ctx.saved_tensors
         work = torch.float32 if x.dtype == torch.float16 else x.dtype  # float16: 1/‖x‖ may overflow its range
-        inv_w = inv.to(work)
-        u = x.to(work) * inv_w
+        x_w, inv_w = x.to(work), inv.to(work)
         h = g.to(work) if gain is None else g.to(work) * gain.to(work)
+        hu = (h * x_w).sum(-1, keepdim=True, dtype=inv.dtype).mul_(inv)  # h·u, reduced in float32 (float64)
         clamped = inv >= torch.full((), ctx.eps, dtype=inv.dtype, device=inv.device).reciprocal()  # as computed
-        dot = (h * u).sum(-1, keepdim=True, dtype=inv.dtype).masked_fill_(clamped, 0.0)  # y = γ x / eps there
-        dx = cast((h - u * dot.to(work)).mul_(inv_w), x.dtype)  # (h may be g itself: never in place)
+        coeff = hu.masked_fill_(clamped, 0.0).mul_(inv).mul_(inv).neg_()  # y = γ x / eps there: no projection
+        dx = cast((h * inv_w).addcmul_(x_w, coeff.to(work)), x.dtype)  # h/‖x‖ − x (h·u)/‖x‖²: one x-sized tensor
         dgain = None
         if gain is not None and ctx.needs_input_grad[2]:
-            dgain = cast((g.to(work) * u).sum_to_size(gain.shape), gain.dtype)
+            dgain = cast((g.to(work) * x_w).mul_(inv_w).sum_to_size(gain.shape), gain.dtype)
         return dx, None, dgain, None
 
 
@@ -84,45 +86,105 @@ def l2_normalize(x: torch.Tensor, eps: float = NORM_EPS, *, gain: torch.Tensor |
     return _ScaledL2Normalize.apply(x, inverse_norm(x, eps), gain, eps)
 
 
+def layer_norm_stats(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, 1/std) over the last dim, (..., 1) each, in float32 (float64 for float64 inputs), without grad."""
+    with torch.no_grad():
+        var, mean = torch.var_mean(x.to(reduction_dtype(x)), dim=-1, keepdim=True, correction=0)
+        return mean, (var + eps).rsqrt_()
+
+
+def normalize_rows(x, mean, rstd, weight, bias) -> torch.Tensor:
+    """γ ⊙ (x − mean) ⋅ rstd + β in x's dtype: the forward of ``layer_norm`` (also its recomputation, bit for bit)."""
+    x_hat = (x.to(rstd.dtype) - mean) * rstd  # out of place: torch.compile mishandles a Function output made in place
+    return cast(x_hat * weight.to(rstd.dtype) + bias.to(rstd.dtype), x.dtype)
+
+
+class _LayerNorm(torch.autograd.Function):
+    """LayerNorm over the last dim from given (mean, rstd) that saves the raw x (a view of the qkv buffer, alive
+    anyway, never made contiguous), the per-row statistics and γ, β; torch's layer_norm would save a contiguous
+    copy of a strided x. Gradients: x̂ = (x − mean) rstd, h = γ ⊙ g, dx = (h − mean(h) − x̂ mean(h ⊙ x̂)) rstd,
+    dγ = Σ g ⊙ x̂, dβ = Σ g."""
+
+    @staticmethod
+    def forward(ctx, x, mean, rstd, weight, bias):
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        return normalize_rows(x, mean, rstd, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        work = x.dtype if x.dtype in (torch.bfloat16, torch.float64) else torch.float32  # no float32 copy of bf16 x
+        x_hat = (x.to(work) - mean.to(work)).mul_(rstd.to(work))
+        h = g.to(work) * weight.to(work)
+        h_mean = h.mean(-1, keepdim=True, dtype=rstd.dtype)  # row means reduced in float32 (float64)
+        hx_mean = (h * x_hat).mean(-1, keepdim=True, dtype=rstd.dtype)
+        dx = h.sub_(h_mean.to(work)).sub_(x_hat * hx_mean.to(work)).mul_(rstd.to(work))  # h is a new tensor here
+        dw = cast((g.to(work) * x_hat).sum_to_size(weight.shape), weight.dtype) if ctx.needs_input_grad[3] else None
+        db = cast(g.sum_to_size(bias.shape), bias.dtype) if ctx.needs_input_grad[4] else None
+        return cast(dx, x.dtype), None, None, dw, db
+
+
 class RecomputeSaved:
     """Saved-tensor hooks that keep SDPA from storing the transformed q̂/k̂: when autograd saves one of them, it
     keeps a recipe instead (the raw tensor, alive anyway, and its few per-row factors) and recomputes the tensor
     bit for bit when SDPA's backward asks for it. Memory: what SDPA alone keeps, plus per-row factors.
 
-    A raw tensor modified in place between forward and backward is an error, as autograd reports it elsewhere.
-    Not used under ``torch.compile``: there the compiler's partitioner decides what to save and what to recompute.
+    Saved-tensor hooks already active around the call (activation offloading, ``quest_core.saved_bytes``) still
+    see what is kept: the raw tensor of a recipe, every other tensor as it is. A raw tensor modified in place
+    between forward and backward is an error, as autograd reports it elsewhere. Not used under ``torch.compile``:
+    there the compiler's partitioner decides what to save and what to recompute.
     """
 
     def __init__(self):
-        self.recipes: list[tuple[torch.Tensor, torch.Tensor, int, object]] = []  # (output, raw input, version, fn)
+        self.recipes: list[tuple[torch.Tensor, torch.Tensor, object]] = []  # (output, raw input, recompute(raw))
+        self.outer = None  # the (pack, unpack) hooks active around this call, if any
 
     def add(self, out: torch.Tensor, raw: torch.Tensor, recompute) -> torch.Tensor:
+        """Register ``out`` = ``recompute(raw)``; returns ``out``."""
         if out.requires_grad and not torch.compiler.is_compiling():
-            self.recipes.append((out, raw, raw._version, recompute))
+            self.recipes.append((out, raw, recompute))
         return out
 
     def pack(self, t: torch.Tensor):
-        for out, raw, version, recompute in self.recipes:
+        outer_pack = self.outer[0] if self.outer else (lambda x: x)
+        for out, raw, recompute in self.recipes:
             if t is out:
-                return raw, version, recompute
-        return t
+                return _Recipe(outer_pack(raw), raw._version, recompute)
+        return _Kept(outer_pack(t))
 
-    @staticmethod
-    def unpack(packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        raw, version, recompute = packed
-        if raw._version != version:
+    def unpack(self, packed):
+        raw = self.outer[1](packed.value) if self.outer else packed.value
+        if not isinstance(packed, _Recipe):
+            return raw
+        if raw._version != packed.version and not self.outer:
             raise RuntimeError("a q or k tensor of a quest_core attention call was modified in place between forward "
                                "and backward; clone it before modifying it")
         with torch.no_grad():
-            return recompute()
+            return packed.recompute(raw)
 
+    @contextlib.contextmanager
     def hooks(self):
-        """The context that applies the recipes to whatever autograd saves inside it."""
+        """The context that applies the recipes to whatever autograd saves inside it. On exit the recipes' outputs
+        are released (autograd keeps the hooks, and with them this object, alive until backward)."""
         if not self.recipes:
-            return contextlib.nullcontext()
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+            yield
+            return
+        self.outer = torch._C._autograd._top_saved_tensors_default_hooks(False)  # torch has no public getter
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                yield
+        finally:
+            self.recipes.clear()
+
+
+class _Kept(NamedTuple):
+    value: object  # the saved tensor (or what the outer hooks made of it)
+
+
+class _Recipe(NamedTuple):
+    value: object  # the raw tensor (or what the outer hooks made of it)
+    version: int
+    recompute: object  # raw -> the transformed tensor, bit for bit
 
 
 LAYER_NORM_EPS = 1e-6
@@ -145,12 +207,14 @@ def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor],
     if side.norm == "l2":
         inv = inverse_norm(x)
         y = _ScaledL2Normalize.apply(x, inv, gain, NORM_EPS)
-        return saved.add(y, x, lambda: scale_rows(x, inv, gain))
-    if side.norm == "layernorm":  # torch's layer_norm saves x, its mean and 1/std: no output kept
-        weight = gain if gain is not None else None
-        bias = params[side.bias] if side.bias else None
-        y = F.layer_norm(x, x.shape[-1:], weight, bias, LAYER_NORM_EPS)
-        return saved.add(y, x, lambda: F.layer_norm(x, x.shape[-1:], weight, bias, LAYER_NORM_EPS))
+        return saved.add(y, x, lambda raw: scale_rows(raw, inv, gain))
+    if side.norm == "layernorm":
+        ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+        weight = gain if gain is not None else ones
+        bias = params[side.bias] if side.bias else torch.zeros_like(ones)
+        mean, rstd = layer_norm_stats(x, LAYER_NORM_EPS)
+        y = _LayerNorm.apply(x, mean, rstd, weight, bias)
+        return saved.add(y, x, lambda raw: normalize_rows(raw, mean, rstd, weight, bias))
     return x if gain is None else x * gain.to(x.dtype)
 
 
