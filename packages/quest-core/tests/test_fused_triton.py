@@ -293,6 +293,73 @@ class TestSupport:
         assert key_padding_from_mask(None, q, k) is None
 
 
+def compile_kernels(dtype, head_dim, arch, names=("fwd", "dkdv", "dq")):
+    """Compile the kernels (interpreter off) for an NVIDIA architecture without a GPU, with every feature switched
+    on and the tile configuration fused_attention would launch; returns {name: shared memory bytes}."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from quest_core import fused
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("this Triton build has no NVIDIA backend")
+    kernels = fused._kernels(False)
+    element = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    tiles = fused._tiles(head_dim, dtype, interpret=False)
+    flags = dict(NORM_Q=True, NORM_K=True, Q_GAIN=True, K_GAIN=True, CAUSAL=True, HAS_KPM=True, BLOCK_D=head_dim,
+                 BLOCK_DV=head_dim, PRECISION=fused._precision(dtype), K_GAIN_GRAD=True, Q_GAIN_GRAD=True)
+    functions = {"fwd": kernels.fwd_kernel, "dkdv": kernels.bwd_dkdv_kernel, "dq": kernels.bwd_dq_kernel}
+    shared = {}
+    for name in names:
+        fn = functions[name]
+        block_m, block_n, warps, stages = tiles[name]
+        constexprs = {k: v for k, v in {**flags, "BLOCK_M": block_m, "BLOCK_N": block_n}.items() if k in fn.arg_names}
+        signature = {}
+        for arg in fn.arg_names:
+            if arg in constexprs:
+                signature[arg] = "constexpr"
+            elif arg in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV_"):
+                signature[arg] = f"*{element}"
+            elif arg == "KPM":
+                signature[arg] = "*u8"
+            elif arg in ("QG", "KG", "LSE", "DELTA", "DKG", "DQG"):
+                signature[arg] = "*fp32"  # gain tables, LSE, delta, gain-gradient partials
+            elif arg in ("qk_scale", "scale", "eps"):
+                signature[arg] = "fp32"
+            else:
+                signature[arg] = "i32"
+        source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": warps, "num_stages": stages})
+        assert compiled.asm["cubin"], f"{name}: no machine code"
+        shared[name] = compiled.metadata.shared
+    return shared
+
+
+class TestCompilesWithoutAGpu:
+    """The compiled (not interpreted) kernels go through Triton's whole pipeline, ptxas included, for NVIDIA GPUs:
+    the interpreter cannot catch what only the compiler checks (types, layouts, shared memory)."""
+
+    @pytest.fixture(autouse=True)
+    def fresh_cache(self, tmp_path, monkeypatch):
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile for real, not from an earlier run's cache
+
+    def test_hopper_bfloat16(self):
+        shared = compile_kernels(torch.bfloat16, 64, arch=90)
+        assert all(0 < size <= 100 * 1024 for size in shared.values()), shared
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("arch", [80, 90])
+    @pytest.mark.parametrize("head_dim", [64, 128])
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+    def test_every_tile_configuration(self, dtype, head_dim, arch):
+        """Each tile configuration of fused._tiles fits in 100 KiB of shared memory (every NVIDIA GPU since Ampere
+        has at least that per block)."""
+        shared = compile_kernels(dtype, head_dim, arch)
+        assert all(0 < size <= 100 * 1024 for size in shared.values()), shared
+
+
 CUDA_TOLERANCE = {torch.float32: 2e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
