@@ -187,6 +187,19 @@ class TestInterpreter:
         ok, reason = fused_supported(q, k, v)
         assert not ok and "bfloat16" in reason
 
+    def test_under_torch_compile_it_is_a_graph_break(self):
+        """torch.compile runs the surrounding code compiled and the fused call eagerly, gradients included."""
+        q, k, v = (t.float().requires_grad_() for t in qkv(lq=20, lk=20))
+        compiled = torch.compile(lambda q, k, v: 2.0 * fused_attention(q, k, v), backend="eager", fullgraph=False)
+        out = compiled(q, k, v)
+        out.sum().backward()
+        ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        expected = 2.0 * reference(*ref_inputs)
+        expected.sum().backward()
+        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-5)
+        for got, want in zip((q, k, v), ref_inputs):
+            torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-4, atol=1e-5)
+
     def test_saves_only_raw_inputs_output_and_row_statistics(self):
         """Autograd keeps q, k, v, the output and one float32 per query row: no normalised copy of q or k."""
         q, k, v = (t.float().requires_grad_() for t in qkv(lq=37, lk=29))
