@@ -283,6 +283,14 @@ def check_inputs(
             ) from None
 
 
+def with_causal(attn_mask: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
+    """``attn_mask`` (bool True = attend, or float added to logits) with the causal (top-left) mask folded in."""
+    keep = torch.ones(lq, lk, dtype=torch.bool, device=attn_mask.device).tril()
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, float("-inf"))
+
+
 def sdpa(
     q_bhld: torch.Tensor,
     k_bhld: torch.Tensor,
@@ -293,7 +301,10 @@ def sdpa(
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
     """One fused SDPA call with an explicit scale. Masks pass through unchanged (a float mask keeps its precision,
-    as in torch); grouped-query attention is switched on when the head counts differ."""
+    as in torch); a mask together with ``is_causal`` applies both (folded into one mask: torch's fused CPU kernel
+    does the same, its other paths refuse the pair); grouped-query attention is on when the head counts differ."""
+    if attn_mask is not None and is_causal:
+        attn_mask, is_causal = with_causal(attn_mask, q_bhld.shape[-2], k_bhld.shape[-2]), False
     enable_gqa = q_bhld.dim() > 2 and k_bhld.dim() > 2 and q_bhld.shape[-3] != k_bhld.shape[-3] != 1
     return F.scaled_dot_product_attention(
         q_bhld, k_bhld, v_bhld, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
