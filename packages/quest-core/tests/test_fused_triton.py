@@ -131,7 +131,8 @@ class TestInterpreter:
         """fused_arguments applies cosine's clamped exponential in torch: the raw parameter gets its gradient."""
         q, k, v = qkv(b=1, lq=20, lk=20)
         log_scale = torch.full((2, 1, 1), math.log(10.0), requires_grad=True)
-        out = fused_attention(q.float(), k.float(), v.float(), **fused_arguments("cosine", 32, {"logit_scale": log_scale}))
+        arguments = fused_arguments("cosine", 32, {"logit_scale": log_scale})
+        out = fused_attention(q.float(), k.float(), v.float(), **arguments)
         out.sum().backward()
         ref_log_scale = log_scale.detach().double().requires_grad_()
         expected = reference(q, k, v, q_gain=ref_log_scale.exp(), normalize_q=True)

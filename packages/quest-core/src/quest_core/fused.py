@@ -180,16 +180,17 @@ def fused_supported(
 def fused_arguments(variant: str | Variant, head_dim: int, params: dict[str, torch.Tensor] | None = None) -> dict:
     """``fused_attention``'s keyword arguments (normalize_q, normalize_k, q_gain, k_gain, scale) for a variant's
     declaration with its parameters ``params`` by name (as ``AttentionKernel`` holds them; gain functions such as
-    cosine's clamped exponential are applied here). Raises ValueError for a variant the kernel cannot express
-    (LayerNorm, biases, the elliptical metric)."""
+    cosine's clamped exponential are applied here). Without ``params`` the gains are None (unit gains); with
+    ``params``, a missing gain is an error. Raises ValueError for a variant the kernel cannot express (LayerNorm,
+    biases, the elliptical metric)."""
     spec = get_variant(variant)
     params = params or {}
     arguments = {"scale": spec.default_scale(head_dim)}
     for side_name, side in (("q", spec.q), ("k", spec.k)):
         if side.norm not in ("none", "l2") or side.bias is not None or side.metric:
-            raise ValueError(f"variant {spec.name!r} is not fused: its {side_name} side uses "
-                             f"{'the elliptical metric' if side.metric else side.norm if side.norm != 'none' else 'a bias'}"
-                             "; the fused kernel takes L2 normalisation and gains only")
+            what = "the elliptical metric" if side.metric else "a bias" if side.norm != "layernorm" else "layernorm"
+            raise ValueError(f"variant {spec.name!r} is not fused: its {side_name} side uses {what}; the fused kernel "
+                             "takes L2 normalisation and gains only")
         gain = None
         if side.gain is not None:
             if side.gain not in params:
