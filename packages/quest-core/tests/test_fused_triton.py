@@ -257,6 +257,8 @@ class TestSupport:
         ("bad_padding", "does not broadcast"),
         ("heads", "multiple of key/value heads"),
         ("layernorm_variant", "not fused"),
+        ("empty", "empty inputs"),
+        ("batch_heads", "at most 65535"),
     ])
     def test_unsupported_calls_say_why(self, case, needle):
         q, k, v = (t.float() for t in qkv(h=4, d=32))
@@ -278,6 +280,10 @@ class TestSupport:
             k, v = k[:, :3], v[:, :3]
         elif case == "layernorm_variant":
             kwargs["variant"] = "qk-layernorm"
+        elif case == "empty":
+            q = q[:, :, :0]
+        elif case == "batch_heads":  # expanded views: no memory behind the large batch
+            q, k, v = (t.expand(16384, 4, 37, 32) for t in (q, k, v))
         ok, reason = fused_supported(q, k, v, **kwargs)
         assert not ok and needle in reason, reason
 

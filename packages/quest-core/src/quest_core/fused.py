@@ -41,6 +41,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 _LOG2E = math.log2(math.e)
 _INT32_MAX = 2**31 - 1  # the kernels index with 32-bit offsets
+_MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension, which runs over batch × heads
 _KERNELS: dict[bool, object] = {}
 _KERNELS_LOCK = threading.Lock()
 
@@ -146,6 +147,12 @@ def fused_supported(
         return False, f"key and value must have the same heads and length; got {tuple(key.shape)}, {tuple(value.shape)}"
     if hq % hk != 0:
         return False, f"query heads ({hq}) must be a multiple of key/value heads ({hk})"
+    if query.numel() == 0 or key.numel() == 0:
+        return False, f"empty inputs (query {tuple(query.shape)}, key {tuple(key.shape)}): nothing to fuse"
+    batch_heads = math.prod(query.shape[:-2])
+    if batch_heads > _MAX_GRID_Y:
+        return False, (f"batch × heads is {batch_heads}; the fused kernel launches one program row per (batch, head), "
+                       f"at most {_MAX_GRID_Y}")
     for name, size in (("query/key head dim", d), ("value head dim", dv)):
         if not MIN_HEAD_DIM <= size <= MAX_HEAD_DIM:
             return False, f"{name} is {size}; the fused kernel takes {MIN_HEAD_DIM} to {MAX_HEAD_DIM}"
