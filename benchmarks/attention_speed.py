@@ -1,76 +1,93 @@
-"""Forward+backward time, memory saved for backward and peak memory of every quest_core variant against
-F.scaled_dot_product_attention, in float32 and bfloat16.
+"""Forward+backward time, memory saved for backward and allocator peak of quest_core's variants against
+F.scaled_dot_product_attention, as paired ratios, in three tables:
+
+1. realistic shapes (ViT-B at 197 tokens, GPT-2 at 1024 causal, 4096 tokens; on a CPU with a smaller batch),
+2. overhead-bound shapes (tiny ones, where per-call Python and kernel launches dominate),
+3. a timm ViT-S block stack (fused qkv, the layout users train): saved bytes and allocator peak per variant.
 
     .venv/bin/python benchmarks/attention_speed.py [--device cpu|cuda] [--dtypes float32 bfloat16]
-                                                   [--shapes 8,4,256,64 ...] [--out FILE.md]
+                                                   [--compiled quest qknorm] [--quick] [--out FILE.md]
 
-Times are medians over rounds (at least --repeats, and enough for --min-seconds per variant), measured round-robin
-across variants in one process; each ratio to plain SDPA is the median over rounds of the variant's time divided by
-SDPA's in the same round, so that drift of a shared machine cancels (the `softmax` row, which is SDPA itself behind
-quest-core's wrapper, shows what noise remains). Saved for backward: the bytes of the distinct tensor
-storages autograd keeps for the backward pass of one attention call (one layer), counted through
-torch.autograd.graph.saved_tensors_hooks (a tensor saved twice, e.g. by the normalisation and by SDPA, counts once;
-the inputs q, k, v count when saved, as SDPA saves them). Peak memory: on CUDA, max_memory_allocated; on CPU, the
-peak RSS (VmHWM, reset through /proc/self/clear_refs) of a fresh subprocess per (shape, variant) during one
-forward+backward, minus its RSS once the inputs exist.
+Rows: ``sdpa`` (the baseline), every variant eager, ``<variant> (compiled)`` (torch.compile, inductor) and, on a
+GPU where the Triton kernel applies, ``<variant> (fused)`` (``quest_core.fused``). Times are medians over rounds
+measured round-robin in one process; each ratio is the median over rounds of the row's time divided by SDPA's in
+the same round, so that a shared machine's drift cancels (the ``softmax`` row is SDPA behind quest-core's wrapper:
+it shows the remaining noise). Saved: ``quest_core.saved_bytes``; peak: ``quest_core.peak_bytes`` (CUDA's
+max_memory_allocated, or torch's profiler memory timeline on a CPU), both above the inputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import platform
 import statistics
-import subprocess
-import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 import quest_core as qc
 
-DEFAULT_SHAPES = ["8,4,256,64", "2,8,1024,64", "1,4,4096,64"]
 BASELINE = "sdpa"
 
 
-def make_step(name: str, b: int, h: int, l: int, d: int, device: str, dtype: torch.dtype):
-    """A closure that runs forward+backward of one variant on fresh-grad inputs."""
+@dataclass(frozen=True)
+class Shape:
+    b: int
+    h: int
+    l: int
+    d: int
+    causal: bool = False
+    label: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.label} {self.b},{self.h},{self.l},{self.d}{' causal' if self.causal else ''}".strip()
+
+
+REALISTIC = {
+    "cuda": [Shape(64, 12, 197, 64, label="ViT-B"), Shape(8, 12, 1024, 64, True, "GPT-2"),
+             Shape(2, 16, 4096, 64, True, "4k"), Shape(1, 16, 16384, 64, True, "16k")],
+    "cpu": [Shape(8, 12, 197, 64, label="ViT-B"), Shape(1, 12, 1024, 64, True, "GPT-2"),
+            Shape(1, 4, 4096, 64, True, "4k")],
+}
+OVERHEAD_BOUND = [Shape(1, 2, 64, 32, label="tiny"), Shape(4, 4, 128, 64, label="small")]
+
+
+def row_names(variants: list[str], compiled: list[str], fused: list[str]) -> list[str]:
+    return [BASELINE, *variants, *(f"{v} (compiled)" for v in compiled), *(f"{v} (fused)" for v in fused)]
+
+
+def make_call(row: str, s: Shape, device: str, dtype: torch.dtype):
+    """The attention call of one row on (B, H, L, D) inputs: a function of (q, k, v)."""
+    if row == BASELINE:
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=s.causal)
+    variant, _, mode = row.partition(" (")
+    kernel = qc.AttentionKernel(variant, s.h, s.d, device=device, dtype=dtype)
+    kernel.metric_chain = qc.MetricChain()  # elliptical: later calls estimate from the previous call's values
+    if mode == "fused)":
+        from quest_core.fused import fused_arguments, fused_attention
+
+        return lambda q, k, v: fused_attention(q, k, v, is_causal=s.causal,
+                                               **fused_arguments(variant, s.d, kernel.params()))
+    call = lambda q, k, v: kernel(q, k, v, is_causal=s.causal)  # noqa: E731
+    return torch.compile(call) if mode == "compiled)" else call
+
+
+def make_step(row: str, s: Shape, device: str, dtype: torch.dtype):
+    """A closure that runs forward+backward of one row on fresh-grad inputs."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(b, h, l, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
-    kernel = None if name == BASELINE else standalone_kernel(name, h, d, device, dtype)
+    q, k, v = (torch.randn(s.b, s.h, s.l, s.d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+    call = make_call(row, s, device, dtype)
 
     def step():
         for t in (q, k, v):
             t.grad = None
-        out = F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
-        out.sum().backward()
+        call(q, k, v).sum().backward()
 
-    return step
-
-
-def standalone_kernel(name: str, h: int, d: int, device: str, dtype: torch.dtype) -> qc.AttentionKernel:
-    """One attention layer; the elliptical variants get a chain that is never restarted, so every call after the
-    first estimates its metric from the previous call's values, as a layer after another one does."""
-    kernel = qc.AttentionKernel(name, h, d, device=device, dtype=dtype)
-    kernel.metric_chain = qc.MetricChain()
-    return kernel
-
-
-def saved_bytes(name: str, b: int, h: int, l: int, d: int, device: str, dtype: torch.dtype) -> int:
-    """Bytes of the distinct storages autograd saves for backward in one forward of the variant."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(b, h, l, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
-    kernel = None if name == BASELINE else standalone_kernel(name, h, d, device, dtype)
-    storages = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
-    return sum(storages.values())
+    return step, (q, k, v), call
 
 
 def sync(device: str) -> None:
@@ -78,98 +95,121 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_all(names, shape, device, dtype, repeats, min_seconds):
-    """Per variant: the median step time, and the median over rounds of its time divided by the baseline's time in
-    the same round (paired, so that the machine's drift between rounds cancels). At least ``repeats`` rounds, more
-    until each variant got ``min_seconds``."""
-    steps = {n: make_step(n, *shape, device, dtype) for n in names}
-    for step in steps.values():  # warm-up
+def time_rows(rows, s: Shape, device, dtype, repeats, min_seconds):
+    """Per row: the median step time, and the median over rounds of its time divided by the baseline's time in
+    the same round. At least ``repeats`` rounds, more until each row got ``min_seconds``."""
+    steps = {r: make_step(r, s, device, dtype)[0] for r in rows}
+    slowest = 0.0
+    for step in steps.values():  # warm-up (and compilation)
+        step()
         sync(device)
         start = time.perf_counter()
         step()
         sync(device)
-        first = time.perf_counter() - start
-    repeats = max(repeats, math.ceil(min_seconds / max(first, 1e-6)))
-    times = {n: [] for n in names}
-    for _ in range(repeats):
-        for name, step in steps.items():
+        slowest = max(slowest, time.perf_counter() - start)
+    rounds = max(repeats, math.ceil(min_seconds / max(slowest, 1e-6)))
+    times = {r: [] for r in rows}
+    for _ in range(rounds):
+        for row, step in steps.items():
             sync(device)
             start = time.perf_counter()
             step()
             sync(device)
-            times[name].append(time.perf_counter() - start)
-    medians = {n: statistics.median(ts) for n, ts in times.items()}
-    ratios = {n: statistics.median(t / b for t, b in zip(ts, times[BASELINE])) for n, ts in times.items()}
-    return medians, ratios
+            times[row].append(time.perf_counter() - start)
+    medians = {r: statistics.median(ts) for r, ts in times.items()}
+    ratios = {r: statistics.median(t / b for t, b in zip(ts, times[BASELINE])) for r, ts in times.items()}
+    return medians, ratios, rounds
 
 
-def peak_memory_bytes(name, shape, device, dtype) -> int:
-    if device == "cuda":
-        step = make_step(name, *shape, device, dtype)
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    code = (
-        "import torch, sys; sys.path.insert(0, 'benchmarks'); from attention_speed import make_step, rss_kib;"
-        f"s = make_step({name!r}, {', '.join(map(str, shape))}, 'cpu', torch.{str(dtype).split('.')[-1]}); "
-        "base = rss_kib('VmRSS'); open('/proc/self/clear_refs', 'w').write('5'); s(); "
-        "print(rss_kib('VmHWM') - base)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return int(out.stdout.strip().splitlines()[-1]) * 1024
+def memory_of(row: str, s: Shape, device, dtype) -> tuple[int, int]:
+    """(bytes saved for backward by one call, allocator peak of one forward+backward) of a row."""
+    step, (q, k, v), call = make_step(row, s, device, dtype)
+    step()  # compile / estimate once outside the count
+    saved = qc.saved_bytes(lambda: call(q, k, v))
+    return saved, qc.peak_bytes(step, device)
 
 
-def rss_kib(field: str) -> int:
-    """VmRSS (now) or VmHWM (peak since the last reset via /proc/self/clear_refs) in KiB."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+def shape_table(title: str, shapes, rows, device, dtypes, repeats, min_seconds) -> list[str]:
+    lines = [f"### {title}", "",
+             "| dtype | shape (B,H,L,D) | row | time (ms) | time / SDPA | saved / SDPA | peak / SDPA |",
+             "|---|---|---|---|---|---|---|"]
+    for dtype in dtypes:
+        for s in shapes:
+            medians, ratios, rounds = time_rows(rows, s, device, dtype, repeats, min_seconds)
+            memory = {r: memory_of(r, s, device, dtype) for r in rows}
+            base_saved, base_peak = memory[BASELINE]
+            for r in rows:
+                saved, peak = memory[r]
+                lines.append(f"| {str(dtype).split('.')[-1]} | {s} | {r} | {medians[r] * 1e3:.2f} | {ratios[r]:.3f} | "
+                             f"{saved / base_saved:.3f} | {peak / max(1, base_peak):.3f} |")
+            print("\n".join(lines[-len(rows):]), f"\n({rounds} rounds)", flush=True)
+    return lines + [""]
+
+
+def vit_block_table(variants, device, dtypes, batch: int) -> list[str]:
+    """Saved bytes and allocator peak of a 2-block timm ViT-S stack (fused qkv), swapped to each variant."""
+    import timm
+
+    torch.manual_seed(0)
+    blocks = timm.create_model("vit_small_patch16_224", pretrained=False, depth=2).blocks
+    lines = [f"### timm ViT-S block stack (2 blocks, B={batch}, 197 tokens, fused qkv)", "",
+             "| dtype | variant | saved (MiB) | saved / stock | peak (MiB) | peak / stock |", "|---|---|---|---|---|---|"]
+    for dtype in dtypes:
+        x = torch.randn(batch, 197, 384, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+        results = {}
+        for variant in ["stock", *variants]:
+            model = copy.deepcopy(blocks).to(device, dtype)
+            if variant != "stock":
+                qc.swap_attention(model, variant)
+            saved = qc.saved_bytes(lambda: model(x.clone().requires_grad_()))
+            peak = qc.peak_bytes(lambda: model(x.clone().requires_grad_()).float().square().sum().backward(), device)
+            results[variant] = (saved, peak)
+        for variant, (saved, peak) in results.items():
+            lines.append(f"| {str(dtype).split('.')[-1]} | {variant} | {saved / 2**20:.2f} | "
+                         f"{saved / results['stock'][0]:.4f} | {peak / 2**20:.2f} | {peak / results['stock'][1]:.3f} |")
+    return lines + [""]
+
+
+def fused_rows(device: str, wanted: list[str]) -> list[str]:
+    if device != "cuda":
+        return []
+    try:
+        from quest_core.fused import fused_supported
+    except ImportError:
+        return []
+    probe = torch.zeros(1, 1, 16, 64, device=device, dtype=torch.bfloat16)
+    return [v for v in wanted if fused_supported(probe, probe, probe, variant=v)[0]]
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="float32, bfloat16, float16")
-    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="B,H,L,D")
-    parser.add_argument("--repeats", type=int, default=10, help="minimum rounds (round-robin over variants)")
-    parser.add_argument("--min-seconds", type=float, default=4.0, help="minimum measured time per variant and shape")
-    parser.add_argument("--out", help="also write the Markdown table here")
+    parser.add_argument("--variants", nargs="+", default=qc.list_variants())
+    parser.add_argument("--compiled", nargs="*", default=["quest", "qknorm"], help="variants also run compiled")
+    parser.add_argument("--repeats", type=int, default=5, help="minimum rounds (round-robin over rows)")
+    parser.add_argument("--min-seconds", type=float, default=2.0, help="minimum measured time per row and shape")
+    parser.add_argument("--quick", action="store_true", help="only quest and qknorm (a smoke run of the script)")
+    parser.add_argument("--out", help="also write the Markdown tables here")
     args = parser.parse_args(argv)
-    names = [BASELINE, *qc.list_variants()]
-    machine = (
-        torch.cuda.get_device_name() if args.device == "cuda"
-        else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
-    )
-    lines = [
-        f"Forward+backward on {args.device} ({machine}), torch {torch.__version__}, ≥ {args.repeats} rounds and "
-        f"≥ {args.min_seconds:g} s per variant; time / SDPA = median over rounds of the paired ratio; saved = bytes "
-        "kept for backward per attention call.",
-        "",
-        "| dtype | B,H,L,D | variant | time (ms) | time / SDPA | saved (MiB) | saved / SDPA | peak mem (MiB) | "
-        "peak / SDPA |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        for shape_text in args.shapes:
-            shape = tuple(int(x) for x in shape_text.split(","))
-            times, ratios = time_all(names, shape, args.device, dtype, args.repeats, args.min_seconds)
-            saved = {n: saved_bytes(n, *shape, args.device, dtype) for n in names}
-            mems = {n: peak_memory_bytes(n, shape, args.device, dtype) for n in names}
-            for n in names:
-                lines.append(
-                    f"| {dtype_name} | {shape_text} | {n} | {times[n] * 1e3:.2f} | {ratios[n]:.3f} | "
-                    f"{saved[n] / 2**20:.2f} | {saved[n] / saved[BASELINE]:.3f} | "
-                    f"{mems[n] / 2**20:.1f} | {mems[n] / max(1, mems[BASELINE]):.3f} |"
-                )
-            print("\n".join(lines[-len(names):]), flush=True)
-    table = "\n".join(lines)
-    print("\n" + table)
+    variants = ["softmax", "quest", "qknorm"] if args.quick else args.variants
+    dtypes = [getattr(torch, name) for name in args.dtypes]
+    rows = row_names(variants, args.compiled, fused_rows(args.device, ["quest", "qnorm", "qknorm", "qknorm-hs"]))
+    machine = (torch.cuda.get_device_name() if args.device == "cuda"
+               else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads")
+    lines = [f"Forward+backward on {args.device} ({machine}), torch {torch.__version__}; ≥ {args.repeats} rounds "
+             f"and ≥ {args.min_seconds:g} s per row; ratios are paired against SDPA in the same run.", ""]
+    lines += shape_table("Realistic shapes", REALISTIC[args.device], rows, args.device, dtypes, args.repeats,
+                         args.min_seconds)
+    lines += shape_table("Overhead-bound shapes", OVERHEAD_BOUND, rows, args.device, dtypes, args.repeats,
+                         args.min_seconds)
+    lines += vit_block_table([v for v in variants if v != "softmax"], args.device, dtypes,
+                             64 if args.device == "cuda" else 8)
+    text = "\n".join(lines)
+    print("\n" + text)
     if args.out:
         with open(args.out, "w") as f:
-            f.write(table + "\n")
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":
