@@ -39,6 +39,7 @@ SMALL = [
 ]
 ROWS = ["sdpa", "quest eager", "quest compiled", "quest fused", "qknorm eager", "qknorm fused"]
 FUSED_OF = {"quest fused": "quest eager", "qknorm fused": "qknorm eager"}
+DEVICE = "cuda"
 
 
 def make_rows(b: int, h: int, l: int, d: int, causal: bool, dtype: torch.dtype):
@@ -46,10 +47,10 @@ def make_rows(b: int, h: int, l: int, d: int, causal: bool, dtype: torch.dtype):
     import quest_core as qc
     from quest_core.fused import fused_arguments, fused_attention, fused_supported
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, h, l, d, device="cuda", dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
-    grad_out = torch.randn(b, h, l, d, device="cuda", dtype=dtype, generator=gen)
-    qknorm = qc.AttentionKernel("qknorm", h, d, device="cuda", dtype=dtype)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    q, k, v = (torch.randn(b, h, l, d, device=DEVICE, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
+    grad_out = torch.randn(b, h, l, d, device=DEVICE, dtype=dtype, generator=gen)
+    qknorm = qc.AttentionKernel("qknorm", h, d, device=DEVICE, dtype=dtype)
 
     def quest_eager(q, k, v):
         return qc.attention(q, k, v, is_causal=causal, variant="quest")
@@ -97,10 +98,16 @@ def measure(shape, dtype: torch.dtype, rounds: int) -> list[dict]:
     leaves, grad_out, forwards, skipped = make_rows(b, h, l, d, causal, dtype)
     steps = {row: step_of(forwards[row], grad_out) for row in ROWS if row not in skipped}
     outputs = {}
-    for row, step in steps.items():  # warm up (compiles torch.compile's graph and the Triton kernels)
-        step()
-        with torch.no_grad():
-            outputs[row] = forwards[row]().float()
+    for row in list(steps):  # warm up (compiles torch.compile's graph and the Triton kernels)
+        try:
+            steps[row]()
+            with torch.no_grad():
+                outputs[row] = forwards[row]().float()
+        except Exception as error:  # one broken row is reported, the others still measured
+            skipped[row] = f"failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+            del steps[row]
+    if "sdpa" not in steps:
+        raise RuntimeError(f"the SDPA baseline failed at {name}: {skipped['sdpa']}")
     peaks = {row: peak_mib(step, leaves) for row, step in steps.items()}
     times = {row: [] for row in steps}
     for _ in range(rounds):
@@ -110,13 +117,13 @@ def measure(shape, dtype: torch.dtype, rounds: int) -> list[dict]:
     for row in ROWS:
         entry = {"shape": f"{name} ({b},{h},{l},{d}{', causal' if causal else ''})", "row": row}
         if row in skipped:
-            entry["note"] = f"not run: {skipped[row]}"
+            entry["note"] = skipped[row] if skipped[row].startswith("failed") else f"not run: {skipped[row]}"
         else:
             entry["ms"] = statistics.median(times[row])
             entry["time_ratio"] = statistics.median(t / s for t, s in zip(times[row], times["sdpa"]))
             entry["peak"] = peaks[row]
             entry["peak_ratio"] = peaks[row] / peaks["sdpa"] if peaks["sdpa"] else float("nan")
-            if row in FUSED_OF:
+            if row in FUSED_OF and FUSED_OF[row] in outputs:
                 entry["diff"] = (outputs[row] - outputs[FUSED_OF[row]]).abs().max().item()
         results.append(entry)
     del leaves, forwards, steps, outputs
@@ -129,7 +136,8 @@ def table(results: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for e in results:
         if "note" in e:
-            lines.append(f"| {e['shape']} | {e['row']} | {e['note']} | | | | |")
+            note = e["note"].replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {e['shape']} | {e['row']} | {note} | | | | |")
             continue
         diff = f"{e['diff']:.2e}" if "diff" in e else ""
         lines.append(f"| {e['shape']} | {e['row']} | {e['ms']:.3f} | {e['time_ratio']:.3f} | {e['peak']:.1f} | "
