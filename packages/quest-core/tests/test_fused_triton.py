@@ -413,9 +413,7 @@ class TestCompiledOnCuda:
         self.run(torch.float16, h=8, hkv=2, key_padding_mask=mask)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
-def test_gpu_benchmark_exits_cleanly_without_a_gpu(tmp_path, capsys):
-    """benchmarks/attention_gpu.py says there is no CUDA device, exits 0 and writes no report."""
+def load_gpu_benchmark():
     import importlib.util
     from pathlib import Path
 
@@ -423,7 +421,44 @@ def test_gpu_benchmark_exits_cleanly_without_a_gpu(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("attention_gpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
+def test_gpu_benchmark_exits_cleanly_without_a_gpu(tmp_path, capsys):
+    """benchmarks/attention_gpu.py says there is no CUDA device, exits 0 and writes no report."""
+    module = load_gpu_benchmark()
     out = tmp_path / "report.md"
     assert module.main(["--out", str(out)]) == 0
     assert "no CUDA device" in capsys.readouterr().out
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("interpret")
+def test_gpu_benchmark_rows_on_a_cpu_stand_in(monkeypatch):
+    """The benchmark's measurement and table code, run on CPU tensors (interpreter, float16) with the CUDA timing
+    and memory calls replaced by stand-ins: every row runs, and the fused rows agree with their eager rows."""
+    import time
+
+    import triton.testing
+
+    module = load_gpu_benchmark()
+    monkeypatch.setattr(module, "DEVICE", "cpu")
+    for name, value in (("synchronize", None), ("reset_peak_memory_stats", None), ("memory_allocated", 0),
+                        ("max_memory_allocated", 2**20)):
+        monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
+
+    def one_call_ms(fn, grad_to_none=None, return_mode="median"):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    monkeypatch.setattr(triton.testing, "do_bench", one_call_ms)
+    results = module.measure(("stand-in", 1, 2, 40, 32, True), torch.float16, rounds=1)
+    assert [entry["row"] for entry in results] == module.ROWS
+    assert all("note" not in entry and entry["ms"] > 0 for entry in results), results
+    assert [entry["time_ratio"] for entry in results][0] == 1.0
+    assert all(entry["diff"] < 1e-2 for entry in results if entry["row"] in module.FUSED_OF)
+    table = module.table(results)
+    assert len(table) == 2 + len(module.ROWS) and "| stand-in (1,2,40,32, causal) | quest fused |" in table[5]
