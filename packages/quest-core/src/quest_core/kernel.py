@@ -34,8 +34,12 @@ class AttentionKernel(nn.Module):
         qk_scale_init: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        backend: str = "sdpa",
     ):
         super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        self.backend = backend
         self.spec = get_variant(variant)
         self.num_heads, self.head_dim = num_heads, head_dim
         self.telemetry: LayerStats | None = None  # set by quest_core.Telemetry
@@ -134,9 +138,13 @@ class AttentionKernel(nn.Module):
         """The attention output (B, H, Lq, Dv); with ``need_weights`` also the (B, H, Lq, Lk) probabilities.
 
         ``need_weights`` materialises the attention matrix (the explicit path, as torch's MHA does);
-        otherwise the call is one fused SDPA kernel.
+        otherwise the call is one fused SDPA kernel, or the Triton kernel (``backend``, see ``BACKENDS``).
         """
         check_inputs(q_bhld, k_bhld, v_bhld, attn_mask, is_causal)
+        if self.backend != "sdpa" and not need_weights:
+            fused = self._fused_call(q_bhld, k_bhld, v_bhld, attn_mask, is_causal, dropout_p, scale)
+            if fused is not None:
+                return fused
         q_raw, k_raw = q_bhld, k_bhld
         self.update_metric(v_bhld, causal=is_causal, attn_mask=attn_mask)
         saved = RecomputeSaved()
@@ -156,6 +164,36 @@ class AttentionKernel(nn.Module):
         if v_bhld.shape[-3] != probs.shape[-3]:
             v_bhld = v_bhld.repeat_interleave(probs.shape[-3] // v_bhld.shape[-3], dim=-3)
         return dropped @ v_bhld, probs
+
+
+    def _fused_call(self, q, k, v, attn_mask, is_causal, dropout_p, scale) -> torch.Tensor | None:
+        """The Triton kernel's output where it applies; None to take the SDPA path (``auto``); an error under
+        ``backend="fused"`` where it does not apply, with the reason."""
+        from quest_core.fused import fused_arguments, fused_attention, fused_supported, key_padding_from_mask
+
+        padding = key_padding_from_mask(attn_mask, q, k)
+        why = None
+        if torch.compiler.is_compiling():
+            why = "torch.compile traces the SDPA path (the Triton kernel would be a graph break)"
+        elif self.telemetry is not None:
+            why = "telemetry reads q̂ and k̂, which the fused kernel never materialises"
+        elif scale is not None and scale != self.scale():
+            why = f"scale={scale} differs from the variant's own ({self.scale()})"
+        else:
+            ok, why = fused_supported(q, k, v, attn_mask=None if padding is not None else attn_mask,
+                                      key_padding_mask=padding, dropout_p=dropout_p, is_causal=is_causal,
+                                      variant=self.spec)
+            if ok:
+                self.check_shapes(q)
+                return fused_attention(q, k, v, is_causal=is_causal, key_padding_mask=padding,
+                                       **fused_arguments(self.spec, self.head_dim, self.params()))
+        if self.backend == "fused":
+            raise ValueError(f"backend='fused' cannot run this call: {why}; use backend='auto' to fall back to SDPA")
+        return None
+
+
+BACKENDS = ("sdpa", "fused", "auto")  # sdpa: transform + F.scaled_dot_product_attention (default, any device);
+# fused: quest_core.fused's Triton kernel, an error where it does not apply; auto: fused where it applies, else sdpa
 
 
 def _fill_missing_params(module: AttentionKernel, state_dict: dict, prefix: str, *args) -> None:
