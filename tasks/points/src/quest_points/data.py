@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quest_sdk.data import CACHE, require_data_root
+from quest_sdk.data import CACHE, build_once, require_data_root
 
 SHIPPED = Path(__file__).parent / "data" / "kicad15.npz"
 DATASETS = ("kicad", "modelnet10", "modelnet40", "scanobjectnn")
@@ -87,37 +87,25 @@ COMPLETE = "complete"  # written last into a ModelNet cache folder before it is 
 
 def modelnet_cache(folder: Path, name: str, num_points: int) -> Path:
     """PyG's processed ModelNet cache of ``folder`` (both splits), built once per node: the first process takes a
-    file lock, builds it in a scratch folder next to it and renames that into place when complete; the others wait
-    for the lock and find it done. A folder without the completion marker (an interrupted build of an older
-    version) is rebuilt."""
-    import shutil
-    import tempfile
-
+    file lock and builds it atomically (``quest_sdk.data.build_once``: a scratch folder renamed into place with a
+    completion marker; an incomplete folder is rebuilt); the others wait for the lock and find it done."""
     from filelock import FileLock  # a dependency of torch
     from torch_geometric.datasets import ModelNet
     from torch_geometric.transforms import SamplePoints
+
+    def build(scratch: Path) -> None:
+        (scratch / "raw").symlink_to(folder.resolve(), target_is_directory=True)  # linked, not copied
+        for train in (True, False):
+            with torch.random.fork_rng():  # SamplePoints draws from the global generator (once per cache):
+                torch.manual_seed(0)       # seed it without touching the run's own random state
+                ModelNet(str(scratch), name=name, train=train, pre_transform=SamplePoints(num_points))
+        (scratch / COMPLETE).touch()
 
     digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:8]
     final = CACHE / "modelnet" / f"ModelNet{name}-{digest}-{num_points}"
     final.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{final}.lock"):
-        if (final / COMPLETE).exists():
-            return final
-        scratch = Path(tempfile.mkdtemp(prefix=f"{final.name}.building-", dir=final.parent))
-        try:
-            (scratch / "raw").symlink_to(folder.resolve(), target_is_directory=True)  # linked, not copied
-            for train in (True, False):
-                with torch.random.fork_rng():  # SamplePoints draws from the global generator (once per cache):
-                    torch.manual_seed(0)       # seed it without touching the run's own random state
-                    ModelNet(str(scratch), name=name, train=train, pre_transform=SamplePoints(num_points))
-            (scratch / COMPLETE).touch()
-            if final.exists():
-                shutil.rmtree(final)  # incomplete (rmtree unlinks the raw link, never the data behind it)
-            scratch.rename(final)
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
-    return final
+        return build_once(final, build, COMPLETE)
 
 
 def load_scanobjectnn(root: Path, variant: str) -> PointClouds:
