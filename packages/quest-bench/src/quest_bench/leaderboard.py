@@ -50,6 +50,57 @@ PALETTE = ("#7f7f7f", "#d9622b", "#3b6fb6", "#2ca02c", "#9467bd", "#8c564b", "#e
            "#1f77b4", "#ff9896", "#98df8a")  # softmax grey, quest orange, then one colour per registered variant
 
 
+# ---- untrusted text -----------------------------------------------------------------------------------------
+# Every value read from a run (task, variant, overrides, metric names, environment, file names) is data: it enters
+# the Markdown only through md() or md_code(), which leave no Markdown or HTML syntax in it, and the HTML page is
+# built by to_html, which links only to relative paths (after normalisation) and embeds only the figures this module
+# generated.
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ue000]")  # line breaks, escapes; \ue000: to_html's marker
+MD_SPECIAL = re.compile(r"([\\`*\[\]<>&|!#~])")
+MD_ESCAPED = re.compile(r"\\([\\`*\[\]<>&|!#~])")
+MAX_TEXT = 200  # characters of one untrusted value shown (the data files keep it whole)
+SAFE_TARGET = re.compile(r"[A-Za-z0-9._-][A-Za-z0-9._/-]*")  # relative paths only: no scheme, host or query
+FIGURE = re.compile(r"!\[([^\]]*)\]\(([A-Za-z0-9._-]+\.png)\)")  # a generated figure, alone on its line
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"  # no script, no file or network loads
+
+
+def clean(value, limit: int = MAX_TEXT) -> str:
+    """Untrusted text on one line: control characters (newlines included) become spaces, at most ``limit``
+    characters."""
+    text = CONTROL.sub(" ", str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def md(value, limit: int = MAX_TEXT) -> str:
+    """Untrusted text as Markdown that renders as exactly that text (no link, image, markup, HTML or entity)."""
+    return MD_SPECIAL.sub(r"\\\1", clean(value, limit))
+
+
+def md_code(value, limit: int = MAX_TEXT) -> str:
+    """Untrusted text inside a Markdown `code span` (where backslashes are literal): no backtick can end it, no
+    pipe can split a table cell."""
+    return clean(value, limit).replace("`", "'").replace("|", "\\|")
+
+
+def plot_text(value) -> str:
+    """Untrusted text for a matplotlib label (no mathtext)."""
+    return clean(value).replace("$", r"\$")
+
+
+def split_row(line: str) -> list[str]:
+    """The cells of a Markdown table row, split at unescaped pipes."""
+    body = line.strip()
+    body = body[1:] if body.startswith("|") else body
+    body = body[:-1] if body.endswith("|") and not body.endswith("\\|") else body
+    return [c.strip() for c in re.split(r"(?<!\\)\|", body)]
+
+
+def unescape_md(text: str) -> str:
+    """The plain text of a table cell (for CSV/JSON): backslash escapes and code-span backticks removed."""
+    return MD_ESCAPED.sub(r"\1", text.replace("`", ""))
+
+
 def variant_color(variant: str) -> str:
     """The colour of a variant in every figure of every leaderboard (by its place in quest_core's registry)."""
     import quest_core
@@ -203,7 +254,7 @@ class TaskBoard:
                 copy = Path("run-figures") / f"{runs[0].run_id[:12]}-{slug(png.stem)}.png"
                 (folder / copy).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(png, folder / copy)
-                links.append(f"[{v}: {png.stem} (seed {runs[0].seed})]({copy.as_posix()})")
+                links.append(f"[{md(v)}: {md(png.stem)} (seed {runs[0].seed})]({copy.as_posix()})")
         return links
 
     def grid_cells(self) -> list[str]:
@@ -265,7 +316,7 @@ def win_rates(boards: list[TaskBoard], robustness: bool = False) -> dict[str, fl
 def too_few(boards: list[TaskBoard]) -> list[str]:
     """Cells (task, variant) with fewer than 2 runs with an outcome (finished or diverged): no std, interval or
     ranking can come from them."""
-    return [f"{b.title} / {v} (n={b.n_outcomes(v)})" for b in boards for v in b.variants if b.n_outcomes(v) < 2]
+    return [f"{md(b.title)} / {md(v)} (n={b.n_outcomes(v)})" for b in boards for v in b.variants if b.n_outcomes(v) < 2]
 
 
 def win_rate_possible(boards: list[TaskBoard]) -> tuple[bool, int, int]:
@@ -289,12 +340,12 @@ def bar_figure(board: TaskBoard, path: Path) -> None:
         lo, hi = r["ci"] if r["n"] >= 2 else (r["mean"], r["mean"])  # no error bar for n < 2
         ax.errorbar([i], [r["mean"]], yerr=[[max(0.0, r["mean"] - lo)], [max(0.0, hi - r["mean"])]], fmt="o",
                     capsize=4, ms=7, color=variant_color(r["variant"]))
-    ax.set_xticks(range(len(rows)), [r["variant"] for r in rows])
+    ax.set_xticks(range(len(rows)), [plot_text(r["variant"]) for r in rows])
     ax.set_xlim(-0.5, len(rows) - 0.5)
     ax.margins(y=0.15)
     ax.grid(axis="y", lw=0.5, alpha=0.5)
-    ax.set_ylabel(f"{board.primary} ({'↑' if board.higher else '↓'})")
-    ax.set_title(f"{board.title}\nmean, t 95% CI (n ≥ 2)", fontsize=9)
+    ax.set_ylabel(f"{plot_text(board.primary)} ({'↑' if board.higher else '↓'})")
+    ax.set_title(f"{plot_text(board.title)}\nmean, t 95% CI (n ≥ 2)", fontsize=9)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -302,14 +353,33 @@ def bar_figure(board: TaskBoard, path: Path) -> None:
 
 
 def read_events(run_folder: Path) -> list[dict]:
+    """The curve rows of a run's ``events.jsonl``: objects with an integer ``step``, keeping only the curve values
+    that are finite numbers. A file that cannot be read, or rows that are not such objects, get one warning line
+    naming the file and are skipped (a truncated last line, from an interrupted run, silently)."""
     path = run_folder / "events.jsonl"
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a truncated last line from an interrupted run
+    if not path.exists():
+        return []
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        print(f"warning: skipping {path}: not readable as UTF-8 JSON lines ({clean(err)})", file=sys.stderr)
+        return []
+    rows, bad = [], 0
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            bad += i < len(lines) - 1  # the last line may be cut short by an interrupted run
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            bad += 1
+            continue
+        rows.append({"step": step, **{k: float(row[k]) for k in CURVE_KEYS if isinstance(row.get(k), (int, float))
+                                      and not isinstance(row[k], bool) and math.isfinite(row[k])}})
+    if bad:
+        print(f"warning: {path}: skipped {bad} of {len(lines)} lines that are not JSON objects with an integer "
+              "'step'", file=sys.stderr)
     return rows
 
 
@@ -320,7 +390,7 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path) ->
         for r in board.by_variant[variant]:
             for row in read_events(run_folders[r.run_id]):
                 for key in CURVE_KEYS:
-                    if key in row and math.isfinite(row[key]):
+                    if key in row:
                         series[key][variant][row["step"]].append(row[key])
     keys = [k for k in CURVE_KEYS if k in series]
     if not keys:
@@ -333,14 +403,14 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path) ->
     for ax, key in zip(axes.flat, keys):
         for variant, by_step in series[key].items():
             steps = sorted(by_step)
-            ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=variant,
+            ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=plot_text(variant),
                     lw=2.0 if variant in ("quest", BASELINE) else 1.0, color=variant_color(variant))
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         if key in ("max_logit", "k_norm_max", "q_norm_max", "biased_answer_key_norm", "loss"):
             ax.set_yscale("log")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{board.title}: training curves, mean over runs", fontsize=9)
+    fig.suptitle(f"{plot_text(board.title)}: training curves, mean over runs", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -365,7 +435,7 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
             xs.append(rate)
             ys.append(mean_std(values)[0])
             unstable.append(not all(r.status == "ok" and r.metrics.get(STABLE) == 1.0 for r in runs))
-        line, = ax.plot(xs, ys, "-", lw=2.0 if variant in ("quest", BASELINE) else 1.0, label=variant,
+        line, = ax.plot(xs, ys, "-", lw=2.0 if variant in ("quest", BASELINE) else 1.0, label=plot_text(variant),
                         color=variant_color(variant))
         for x, y, bad in zip(xs, ys, unstable):
             ax.plot(x, y, "o", color=line.get_color(), mfc="white" if bad else line.get_color(), ms=5)
@@ -374,8 +444,8 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
     if not board.higher:
         ax.set_yscale("log")
     ax.set_xlabel("peak learning rate")
-    ax.set_ylabel(f"{board.primary} ({'↑' if board.higher else '↓'})")
-    ax.set_title(f"{board.title}: stability margin (hollow: a seed unstable; x: none finished)", fontsize=8)
+    ax.set_ylabel(f"{plot_text(board.primary)} ({'↑' if board.higher else '↓'})")
+    ax.set_title(f"{plot_text(board.title)}: stability margin (hollow: a seed unstable; x: none finished)", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -421,17 +491,17 @@ def cell_success_table(b: TaskBoard) -> list[str]:
     score = max(continuous, key=lambda m: len(os.path.commonprefix([m, b.primary])), default=None)
     seeds = max(len(b.in_cell(cell).by_variant[v]) for cell in b.grid_cells() for v in b.in_cell(cell).variants)
     lines = [f"By grid cell, paired with `{BASELINE}` on the cell's seeds: successes k/n with (+ours only/−"
-             f"{BASELINE} only, exact McNemar p){', and the mean `' + score + '` with its mean paired difference and exact sign-flip p' if score else ''}. "
+             f"{BASELINE} only, exact McNemar p){', and the mean `' + md_code(score) + '` with its mean paired difference and exact sign-flip p' if score else ''}. "
              f"p-values are per cell and uncorrected; with {seeds} pairs per cell the smallest exact p is "
              f"{2 / 2 ** seeds:.3g}" + (", so no single cell can reach p < 0.05: read the cells as a map and the pooled "
                                       "table above for tests." if 2 / 2 ** seeds >= 0.05 else "."), "",
-             "| cell | variant | " + " | ".join(binary) + (f" | {score} (Δ, p)" if score else "") + " |",
+             "| cell | variant | " + " | ".join(map(md, binary)) + (f" | {md(score)} (Δ, p)" if score else "") + " |",
              "|---|---|" + "---|" * (len(binary) + bool(score))]
     for cell in b.grid_cells():
         sub = b.in_cell(cell)
-        label = ", ".join(f"{k}={v}" for k, v in json.loads(cell).items())
+        label = cell_text(json.loads(cell))
         for v in sub.variants:
-            row = [label, v, *[success_cell(sub, v, m) for m in binary]]
+            row = [label, md(v), *[success_cell(sub, v, m) for m in binary]]
             if score:
                 mean = mean_std(list(sub.values(v, score).values()))[0]
                 text = fmt(mean, 2)
@@ -460,7 +530,7 @@ def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dic
              "correction; — = no pairs. The task sections below give the test used and the per-pair values."
              + (" Tuned suite: each variant at its own best cell (chosen on validation), paired on the seed."
                 if tuned_deltas else ""), "",
-             "| task | primary | " + " | ".join(others) + " |", "|---|---|" + "---|" * len(others)]
+             "| task | primary | " + " | ".join(map(md, others)) + " |", "|---|---|" + "---|" * len(others)]
     for b in boards:
         deltas = (tuned_deltas or {}).get(b.title) or {r["variant"]: r.get("delta") for r in b.rows()}
         cells = []
@@ -471,22 +541,22 @@ def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dic
                 continue
             mark = " *" if d.get("p_holm", math.nan) < 0.05 else ""
             cells.append(f"{d['mean']:+.3f} (p {d['p_holm']:.2g}, n={d['n_pairs']}){mark}")
-        lines.append(f"| {b.title} | {b.primary} {'↑' if b.higher else '↓'} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md(b.title)} | {md(b.primary)} {'↑' if b.higher else '↓'} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def provenance(boards: list[TaskBoard]) -> list[str]:
     """Where the numbers come from: code versions, dates, packages, machines and total compute."""
     runs = [r for b in boards for r in b.runs]
-    shas = sorted({f"{r.env.get('git_sha', 'unknown')[:12]}{' (dirty)' if r.env.get('git_dirty') else ''}"
+    shas = sorted({f"{md(str(r.env.get('git_sha') or 'unknown')[:12])}{' (dirty)' if r.env.get('git_dirty') else ''}"
                    for r in runs})
-    dates = sorted(r.finished_at for r in runs if r.finished_at)
+    dates = sorted(md(r.finished_at) for r in runs if r.finished_at)
     packages = defaultdict(set)
     for r in runs:
-        for name, ver in r.env.get("packages", {}).items():
-            packages[name].add(ver)
-    hosts = sorted({f"{r.env.get('host', '?')} ({r.env.get('device', '?')}, {r.env.get('torch_threads', '?')} threads)"
-                    for r in runs})
+        for name, ver in (r.env.get("packages") or {}).items():
+            packages[md(name)].add(md(ver))
+    hosts = sorted({f"{md(r.env.get('host', '?'))} ({md(r.env.get('device', '?'))}, "
+                    f"{md(r.env.get('torch_threads', '?'))} threads)" for r in runs})
     hours = sum(r.cost.get("wall_s", 0.0) for r in runs) / 3600
     return ["## Provenance", "",
             f"- runs: {len(runs)}, finished {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}",
@@ -505,9 +575,9 @@ def export_tables(md_text: str, folder: Path) -> list[str]:
     names, section, table = [], "leaderboard", []
     for line in [*md_text.splitlines(), ""]:
         if line.startswith("## "):
-            section = line[3:]
+            section = unescape_md(line[3:])
         if line.startswith("|"):
-            cells = [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
+            cells = [unescape_md(c) for c in split_row(line)]
             if not set("".join(cells)) <= set("-"):
                 table.append(cells)
             continue
@@ -526,7 +596,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
              ignored: int = 0, links: dict[str, list[str]] | None = None,
              robust_wins: dict[str, float] | None = None, tune: tuple[str, ...] = (),
              folder: Path | None = None) -> str:
-    lines = [f"# Leaderboard: {suite}", ""]
+    lines = [f"# Leaderboard: {md(suite)}", ""]
     tuned, scores, at_best = {}, {}, {}
     for b in boards:
         if tune:
@@ -567,17 +637,17 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                      " summary above compares." if tune else ""), "",
                   "| variant | win rate (primary) |" + (" win rate (robustness) |" if robust_wins else ""),
                   "|---|---|" + ("---|" if robust_wins else "")]
-        lines += [f"| {v} | {fmt(w)} |" + (f" {fmt(robust_wins.get(v, math.nan))} |" if robust_wins else "")
+        lines += [f"| {md(v)} | {fmt(w)} |" + (f" {fmt(robust_wins.get(v, math.nan))} |" if robust_wins else "")
                   for v, w in sorted(wins.items(), key=lambda kv: -kv[1])] + [""]
     if folder is not None and not few:
         lines += profile_section(scores, {b.title: b.higher for b in boards}, folder)
     for b in boards:
         arrow = "higher" if b.higher else "lower"
         extras = [m for m in b.directions if m != b.primary]
-        lines += [f"## {b.title}", "", f"Primary metric: `{b.primary}` ({arrow} is better).", ""]
+        lines += [f"## {md(b.title)}", "", f"Primary metric: `{md_code(b.primary)}` ({arrow} is better).", ""]
         with_mce = bool(b.corruptions()) and BASELINE in b.variants
         rate = ["success rate [Wilson 95%]"] if b.binary else []
-        header = ["variant", "n", f"{b.primary} mean ± std", *rate, f"Δ vs {BASELINE}", *extras,
+        header = ["variant", "n", f"{md(b.primary)} mean ± std", *rate, f"Δ vs {BASELINE}", *map(md, extras),
                   *(["mCE vs softmax (%) ↓", "Δ mCE (paired)"] if with_mce else []), "diverged", "failed"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in b.rows():
@@ -586,7 +656,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
             if b.binary:
                 k, n, (lo, hi) = r["rate"]
                 rate_cell = [f"{k}/{n} [{fmt(lo, 2)}, {fmt(hi, 2)}]"]
-            cells = [v, str(r["n"]), mean_cell(r["mean"], r["std"], r["n"]), *rate_cell,
+            cells = [md(v), str(r["n"]), mean_cell(r["mean"], r["std"], r["n"]), *rate_cell,
                      delta_text(r.get("delta"), b.binary),
                      *[success_cell(b, v, m) if b.is_binary(m) else mean_cell(*r["extra"][m], len(b.values(v, m)))
                        for m in extras],
@@ -598,10 +668,10 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         if len(cells) > 1 and b.binary:
             lines += cell_success_table(b)
         elif len(cells) > 1:
-            lines += [f"`{b.primary}` by grid cell (mean over the n seeds of each cell):", ""]
-            lines += ["| overrides | " + " | ".join(b.variants) + " |", "|---|" + "---|" * len(b.variants)]
+            lines += [f"`{md_code(b.primary)}` by grid cell (mean over the n seeds of each cell):", ""]
+            lines += ["| overrides | " + " | ".join(map(md, b.variants)) + " |", "|---|" + "---|" * len(b.variants)]
             for cell in cells:
-                row = [", ".join(f"{k}={v}" for k, v in json.loads(cell).items())]
+                row = [cell_text(json.loads(cell))]
                 for v in b.variants:
                     vals = [r.metrics[b.primary] for r in b.ok(v) if json.dumps(r.overrides, sort_keys=True) == cell]
                     row.append(f"{fmt(mean_std(vals)[0], 2)} (n={len(vals)})" if vals else "—")
@@ -610,7 +680,7 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
         if b.margin_rates():
             lines += margin_table(b)
         if with_mce:
-            lines += [f"mCE: per run and corruption ({', '.join(b.corruptions())}), the error summed over its "
+            lines += [f"mCE: per run and corruption ({', '.join(map(md, b.corruptions()))}), the error summed over its "
                       f"severities relative to `{BASELINE}`'s mean over runs, averaged over corruptions; 100 = as robust "
                       f"as `{BASELINE}` on average, and `{BASELINE}`'s own spread shows its seed noise. Δ mCE is paired "
                       "on the seed (and grid cell), uncorrected.", ""]
@@ -621,16 +691,21 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
     return "\n".join(lines)
 
 
+def cell_text(cell: dict) -> str:
+    """A grid cell's overrides as Markdown text (keys and values escaped)."""
+    return ", ".join(f"{md(k)}={md(v)}" for k, v in cell.items())
+
+
 def searched_values(b: TaskBoard, key: str) -> str:
     values = sorted({r.overrides[key] for r in b.runs if key in r.overrides}, key=lambda x: (isinstance(x, str), x))
-    return ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in values)
+    return ", ".join(f"{x:g}" if isinstance(x, float) else md(x) for x in values)
 
 
 def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[str, float], dict[str, dict]]:
     """The equal-tuning-budget section of a board (quest_bench.tuning), each variant's test mean at its best cell
     (for the performance profile) and its paired difference to softmax there (for the summary)."""
     val = next((r.validation_metric for r in b.runs if r.validation_metric), "")
-    space = ", ".join(f"{k} ∈ {{{searched_values(b, k)}}}" for k in keys)
+    space = ", ".join(f"{md(k)} ∈ {{{searched_values(b, k)}}}" for k in keys)
     if not val:
         return [f"Equal tuning budget over {space}: not computed, the task reports no validation metric.", ""], {}, {}
     options = {v: tuning.choices(b.by_variant[v], keys, val) for v in b.variants}
@@ -648,13 +723,13 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[st
         return out
 
     d_default, d_best = deltas(at_default), deltas(chosen)
-    default_label = tuning.Choice(default).label() if default else "not in the search space"
+    default_label = md(tuning.Choice(default).label()) if default else "not in the search space"
     lines = [f"**Equal tuning budget** over {space} × the seeds (AlgoPerf-style external tuning): per variant the "
-             f"cell with the best mean `{val}` over its seeds (every seed finished) is chosen on validation, and its "
-             f"test `{b.primary}` is reported; the default recipe ({default_label}) beside it. Δ vs `{BASELINE}` is "
+             f"cell with the best mean `{md_code(val)}` over its seeds (every seed finished) is chosen on validation, "
+             f"and its test `{md_code(b.primary)}` is reported; the default recipe ({default_label}) beside it. Δ vs `{BASELINE}` is "
              "paired on the seed (each variant at its own cell), Holm-corrected over the variants per column.", "",
-             f"| variant | at the default: {b.primary} (n) | Δ vs {BASELINE} | best cell (by {val}) | {val} there | "
-             f"{b.primary} at the best cell (n) | Δ vs {BASELINE}, each at its best | diverged / failed in the search |",
+             f"| variant | at the default: {md(b.primary)} (n) | Δ vs {BASELINE} | best cell (by {md(val)}) | {md(val)} "
+             f"there | {md(b.primary)} at the best cell (n) | Δ vs {BASELINE}, each at its best | diverged / failed in the search |",
              "|---|---|---|---|---|---|---|---|"]
     scores = {}
     for v in b.variants:
@@ -666,7 +741,7 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[st
         scores[v] = mean_std(list(c.by_seed(b.primary).values()))[0] if c else math.nan
         runs = b.by_variant[v]
         lines.append(" | ".join([
-            f"| {v}", mean_of(at_default[v]), delta_text(d_default.get(v), False),
+            f"| {md(v)}", mean_of(at_default[v]), delta_text(d_default.get(v), False),
             cell_label(options[v], c), fmt(c.validation) if c else "—",
             mean_of(c), delta_text(d_best.get(v), False),
             f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)} |"]))
@@ -680,7 +755,7 @@ def cell_label(options: list[tuning.Choice], choice: tuning.Choice | None) -> st
     if choice is None:
         return "none (no cell with every seed finished)"
     edges = tuning.edge_keys(options, choice)
-    return choice.label() + (f" (edge of {', '.join(edges)})" if edges else "")
+    return md(choice.label()) + (f" (edge of {', '.join(map(md, edges))})" if edges else "")
 
 
 def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, bool], folder: Path) -> list[str]:
@@ -696,10 +771,10 @@ def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, b
              f"best variant's (a ratio ≥ 1; lower-is-better metrics inverted); ρ(τ) = the fraction of the "
              f"{len(task_ratios)} tasks on which a variant is within a factor τ of the best. Means of finished runs; "
              "a variant without any on a task counts as never within τ. A profile ranks means and carries no test: "
-             "read it with the Δ tables." + (f" Left out (scores not all positive): {', '.join(skipped)}." if skipped
+             "read it with the Δ tables." + (f" Left out (scores not all positive): {', '.join(map(md, skipped))}." if skipped
                                              else ""), "",
              "| variant | " + " | ".join(f"τ={t:g}" for t in profiles.TAUS) + " |", "|---|" + "---|" * len(profiles.TAUS)]
-    lines += [f"| {v} | " + " | ".join(fmt(x, 2) for x in r) + " |"
+    lines += [f"| {md(v)} | " + " | ".join(fmt(x, 2) for x in r) + " |"
               for v, r in sorted(rho.items(), key=lambda kv: -sum(kv[1]))]
     return lines + ["", "![performance-profile.png](performance-profile.png)", ""]
 
@@ -708,40 +783,62 @@ def margin_table(b: TaskBoard) -> list[str]:
     rates = ", ".join(f"{r:g}" for r in b.margin_rates())
     lines = [f"Stability margin over learning rates {rates}: the largest rate at which every seed, at that rate and "
              f"all smaller ones, trained stably (`{STABLE}` = 1: no divergence, no loss spike, and, for `lm`, better "
-             f"than the unigram baseline); best `{b.primary}` is the best mean over seeds at a rate where every "
+             f"than the unigram baseline); best `{md_code(b.primary)}` is the best mean over seeds at a rate where every "
              "seed finished.", "",
-             "| variant | largest stable lr | stable runs | best " + b.primary + " | at lr |", "|---|---|---|---|---|"]
+             "| variant | largest stable lr | stable runs | best " + md(b.primary) + " | at lr |", "|---|---|---|---|---|"]
     for v in b.variants:
         m = b.margin(v)
         largest = "none" if m["largest"] is None else f"{m['largest']:g}"
-        lines.append(f"| {v} | {largest} | {m['stable']}/{m['total']} | {fmt(m['best'], 1)} | "
+        lines.append(f"| {md(v)} | {largest} | {m['stable']}/{m['total']} | {fmt(m['best'], 1)} | "
                      f"{'—' if not math.isfinite(m['best_rate']) else format(m['best_rate'], 'g')} |")
     return lines + [""]
 
 
+def link_target(target: str) -> str | None:
+    """The target of a Markdown link if it may become a link, else None: after normalising it as a browser does
+    (entities decoded, whitespace and control characters dropped), only a relative path of letters, digits, '.',
+    '_', '-' and '/' (no scheme such as javascript:, no host, no absolute path, no query)."""
+    plain = re.sub(r"[\s\x00-\x1f\x7f]+", "", html.unescape(html.unescape(target)))
+    if not SAFE_TARGET.fullmatch(plain) or "//" in plain:
+        return None
+    return plain
+
+
 def safe_link(match: re.Match) -> str:
-    """An HTML link for a Markdown link whose target is a relative path; any other target (a scheme such as
-    javascript: or http:, an absolute path) is shown as plain text."""
+    """An HTML link for a Markdown link whose target passes ``link_target``; any other (javascript:, http:, an
+    absolute path) is shown as plain text. ``match`` is of ``LINK`` on HTML-escaped text."""
     text, target = match.group(1), match.group(2)
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", html.unescape(target)) or target.startswith(("/", "\\")):
+    plain = link_target(target)
+    if plain is None:
         return f"{text} ({target})"
-    return f'<a href="{target}">{text}</a>'
+    return f'<a href="{html.escape(plain, quote=True)}">{text}</a>'
 
 
 def inline(text: str) -> str:
-    """One line of Markdown as HTML: escaped, `code` spans as <code>, **bold**, relative links as links."""
-    text = html.escape(text.lstrip("> "))
+    """One line of Markdown as HTML: escaped, backslash escapes kept literal, `code` spans as <code>, **bold**,
+    relative links as links (``safe_link``)."""
+    literal: list[str] = []
+
+    def keep(m: re.Match) -> str:  # an escaped character: set aside so that no rule below can see it
+        literal.append(m.group(1))
+        return f"\ue000{len(literal) - 1}\ue000"
+
+    text = MD_ESCAPED.sub(keep, CONTROL.sub(" ", text.lstrip("> ")))
+    text = html.escape(text)
     text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
-    return LINK.sub(safe_link, text)
+    text = LINK.sub(safe_link, text)
+    return re.sub("\ue000(\\d+)\ue000", lambda m: html.escape(literal[int(m.group(1))]), text)
 
 
-def to_html(suite: str, md_text: str, folder: Path) -> str:
-    """A self-contained page: the Markdown's tables as HTML, images inlined as base64."""
+def to_html(suite: str, md_text: str, folder: Path, figures: set[str] = frozenset()) -> str:
+    """A self-contained page from the leaderboard's Markdown: tables as HTML, the figures this module wrote (names
+    in ``figures``, files in ``folder``) inlined as base64; any other image line is shown as text and reads
+    nothing. A Content-Security-Policy forbids every script and every load other than those inlined images."""
     out, in_table = [], False
     for line in md_text.splitlines():
         if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = split_row(line)
             if set("".join(cells)) <= set("-"):
                 continue
             tag = "th" if not in_table else "td"
@@ -753,8 +850,9 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
         if in_table:
             out.append("</table>")
             in_table = False
-        if line.startswith("!["):
-            name = line[line.index("(") + 1 : -1]
+        figure = FIGURE.fullmatch(line)
+        if figure and figure.group(2) in figures:
+            name = figure.group(2)
             data = base64.b64encode((folder / name).read_bytes()).decode()
             out.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
         elif line.startswith("## "):
@@ -768,7 +866,9 @@ def to_html(suite: str, md_text: str, folder: Path) -> str:
     style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
              "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
              "th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 2px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>QUEST Bench: {html.escape(suite)}</title>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
+            f"<title>QUEST Bench: {html.escape(clean(suite))}</title>"
             f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
 
 
@@ -797,11 +897,11 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
     for r in results:
         problem = unusable_reason(r)
         if problem:
-            print(f"warning: run {r.run_id} ({r.task}/{r.variant}/seed {r.seed}) not counted: {problem}; the next "
+            print(f"warning: run {r.run_id} ({clean(r.task)}/{clean(r.variant)}/seed {r.seed}) not counted: "
+                  f"{clean(problem)}; the next "
                   "sweep runs it again", file=sys.stderr)
     boards = group(results)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = claim_folder(Path(folder))
     figures: dict[str, list[str]] = {}
     for b in boards:
         stem = slug(f"{b.task}-{b.preset}")
@@ -820,5 +920,34 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
     md_text += ("\n## Tables as data\n\nEvery table above as CSV and JSON: "
                 + " · ".join(f"[{name}](tables/{name})" for name in tables) + "\n")
     (folder / "README.md").write_text(md_text)
-    (folder / "index.html").write_text(to_html(suite, md_text, folder))
+    made = {name for names in figures.values() for name in names} | {"performance-profile.png"}
+    (folder / "index.html").write_text(to_html(suite, md_text, folder, made))
+    return folder
+
+
+MARKER = ".quest-bench-leaderboard"  # in a folder the leaderboard writes: it may write there again
+OUTPUTS = re.compile(r"README\.md|index\.html|tables|run-figures|[A-Za-z0-9._-]+\.png|\.pagecheck-index\.html")
+
+
+def claim_folder(folder: Path) -> Path:
+    """Make ``folder`` the leaderboard's: new, empty, or one it wrote before (its marker file, or, from versions
+    before the marker, nothing but its own outputs with a README.md it titled). Any other folder is refused before
+    a file is written, so that --out never overwrites or deletes someone else's files."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--out {folder} is a file; give a folder")
+    if folder.is_dir() and not (folder / MARKER).exists():
+        entries = sorted(p.name for p in folder.iterdir())
+        ours = all(OUTPUTS.fullmatch(name) for name in entries)
+        try:
+            titled = (folder / "README.md").read_text(errors="replace").startswith("# Leaderboard: ")
+        except OSError:
+            titled = False
+        if entries and not (ours and titled):
+            shown = ", ".join(entries[:5]) + (" …" if len(entries) > 5 else "")
+            raise ValueError(f"--out {folder} is not empty and is not a leaderboard folder (it holds {shown}); the "
+                             "leaderboard writes only into a new or empty folder or one it wrote before: choose "
+                             "another --out")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text("written by quest-bench leaderboard: it may replace README.md, index.html, "
+                                 "tables/, run-figures/ and *.png here\n")
     return folder
