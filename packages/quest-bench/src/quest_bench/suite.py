@@ -10,6 +10,9 @@
     grid: {lr: [1e-3, 1e-2]}       # cartesian product of task config values
     tune: [lr]                     # grid keys that are a tuning search space (a `-tuned` suite): per variant the
                                    # leaderboard picks the best cell on the task's validation metric
+    confirm: {seeds: 10}           # tune, then confirm: once the search (stage 1, >= 3 seeds) has finished, each
+                                   # variant's chosen cell runs again with 10 fresh seeds (or a list of them), paired
+                                   # with softmax's; the verdicts use those (docs/statistics.md)
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from typing import Any
 
 import yaml
 
+from quest_bench import tuning
 from quest_bench.runner import REPO_ROOT, resolve
 from quest_bench.spec import RunSpec, check_name
 
-SUITE_KEYS = {"name", "description", "tasks", "variants", "presets", "seeds", "overrides", "grid", "tune"}
+SUITE_KEYS = {"name", "description", "tasks", "variants", "presets", "seeds", "overrides", "grid", "tune", "confirm"}
 TASK_KEYS = {"name", "overrides", "grid", "presets"}
 
 
@@ -36,6 +40,7 @@ class Suite:
     description: str
     specs: list[RunSpec]
     tune: tuple[str, ...] = ()  # the grid keys searched per variant (an equal tuning budget); () = not tuned
+    confirm: tuple[int, ...] = ()  # stage 2's fresh seeds (tuning.confirmation_specs); () = no confirmation stage
 
 
 def find_suite(name_or_path: str) -> Path:
@@ -120,6 +125,7 @@ def load_suite(name_or_path: str) -> Suite:
         if not isinstance(raw.get(key) or {}, dict):
             raise ValueError(f"{path}: {key!r} must be a mapping of task config keys, got {raw[key]!r}")
     tune = as_list(path, raw, "tune", [])
+    confirm = tuning.confirm_seeds(str(path), raw["confirm"], seeds, tune, variants) if "confirm" in raw else ()
     specs: list[RunSpec] = []
     for entry in as_list(path, raw, "tasks", []):
         if not isinstance(entry, (str, dict)) or (isinstance(entry, dict) and "name" not in entry):
@@ -142,7 +148,7 @@ def load_suite(name_or_path: str) -> Suite:
                 specs.append(resolve(RunSpec(str(entry["name"]), str(variant), str(preset), seed, {**fixed, **cell})))
             except ValueError as err:
                 raise ValueError(f"{path}: {err}") from None
-    return Suite(name, str(raw.get("description", "")), specs, tuple(str(k) for k in tune))
+    return Suite(name, str(raw.get("description", "")), specs, tuple(str(k) for k in tune), confirm)
 
 
 def grid_cells(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:

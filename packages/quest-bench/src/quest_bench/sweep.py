@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -231,8 +231,11 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
     host yet (an autoscaling cluster adds the nodes) instead of refusing them. ``device`` and ``workers`` override
     every preset's (``placement``); ``checkpoint_every``: steps between checkpoints (0: ten per run). ``storage``: a
     URI where the runs keep their folders while they train (``quest_bench.storage``), for clusters whose nodes do
-    not mount the results folder.
+    not mount the results folder. A confirming suite (``Suite.confirm``) runs in two stages: ``sweep_in_stages``.
     """
+    if suite.confirm:
+        options = {k: v for k, v in locals().items() if k not in ("suite", "results_dir")}
+        return sweep_in_stages(suite, Path(results_dir), options)
     check_sweep_args(max_retries, run_timeout)
     store = Store(Path(results_dir) / suite.name)
     todo = todo_specs(suite, store)
@@ -262,6 +265,24 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
             if todo:
                 run_specs(ray, todo, places, store, counts, data_root, max_retries, run_timeout, progress,
                           checkpoint_every, storage)
+    return counts
+
+
+def sweep_in_stages(suite: Suite, results_dir: Path, options: dict) -> dict[str, int]:
+    """Tune, then confirm: stage 1 (the suite's specs, the search), then, once every stage-1 run has finished, stage
+    2 (``tuning.confirmation_specs``: each variant's chosen cell with the fresh seeds), in the same results folder.
+    Each stage resumes like any sweep, so running the same command again continues where it stopped."""
+    from quest_bench import tuning
+
+    counts = run_sweep(replace(suite, confirm=()), results_dir, **options)
+    specs, notes = tuning.confirmation_specs(suite, Store(results_dir / suite.name).scan(warn=False)[0])
+    for note in notes:
+        print(f"suite {suite.name}: {note}", file=sys.stderr)
+    if specs:
+        print(f"suite {suite.name}: stage 2 (confirm): {len(specs)} runs, each variant's chosen cell with seeds "
+              f"{', '.join(map(str, suite.confirm))}", file=sys.stderr)
+        more = run_sweep(replace(suite, specs=specs, confirm=()), results_dir, **options)
+        counts = {k: counts[k] + more[k] for k in counts}
     return counts
 
 
