@@ -75,3 +75,44 @@ def test_runs_on_the_fused_kernels(variant, backend):
     dtype = torch.bfloat16
     got, want = run_on_cuda(variant, dtype, backend=FUSED[backend])
     assert_close_scaled(got, want, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("variant", ["quest", "qnorm", "qknorm", "qk-layernorm"])
+def test_inductor_on_cuda_matches_eager(variant):
+    """torch.compile's inductor backend on the GPU (Triton code generation): outputs and gradients equal eager."""
+    torch.manual_seed(0)
+    kernel = qc.AttentionKernel(variant, 4, 64, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(kernel, fullgraph=True)
+    results = []
+    for fn in (kernel, compiled):
+        q, k, v = (rand(2, 4, 96, 64, seed=s).to("cuda", torch.bfloat16).requires_grad_() for s in range(3))
+        kernel.zero_grad(set_to_none=True)
+        out = fn(q, k, v, is_causal=True)
+        out.float().square().sum().backward()
+        results.append([out, q.grad, k.grad, v.grad, *(p.grad for p in kernel.parameters())])
+    for compiled_t, eager_t in zip(results[1], results[0]):
+        assert eager_t.abs().sum() > 0
+        torch.testing.assert_close(compiled_t.float(), eager_t.float(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_vit_small_blocks_memory_on_cuda(dtype):
+    """The ViT-S block-stack memory targets with CUDA's allocator (torch.cuda.max_memory_allocated)."""
+    timm = pytest.importorskip("timm")
+    import copy
+
+    torch.manual_seed(0)
+    blocks = timm.create_model("vit_small_patch16_224", pretrained=False, depth=2).blocks
+    x = torch.randn(16, 197, 384, device="cuda", dtype=dtype)
+    counts = {}
+    for variant in ["stock", "quest", "qknorm", "qk-layernorm"]:
+        model = copy.deepcopy(blocks).to("cuda", dtype)
+        if variant != "stock":
+            qc.swap_attention(model, variant)
+        saved = qc.saved_bytes(lambda: model(x.clone().requires_grad_()))
+        peak = qc.peak_bytes(lambda: model(x.clone().requires_grad_()).float().square().sum().backward(), "cuda")
+        counts[variant] = (saved, peak)
+    stock_saved, stock_peak = counts.pop("stock")
+    for variant, (saved, peak) in counts.items():
+        assert saved <= (1.01 if variant == "quest" else 1.02) * stock_saved, (variant, saved / stock_saved)
+        assert peak <= 1.10 * stock_peak, (variant, peak / stock_peak)
