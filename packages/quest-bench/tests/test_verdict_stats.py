@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
+from quest_bench.meta import dersimonian_laird, forest_plot, largest_stable_lr, standardised_effect
+from quest_bench.result import RunResult
 from quest_bench.stats import (RANDOM_SIGN_FLIPS, decide, format_p, mde_paired_t, paired_difference,
                                power_paired_t)
 
@@ -104,3 +106,57 @@ def test_p_values_at_the_monte_carlo_floor_print_as_an_upper_bound():
     assert format_p(0.0123, floor) == "p = 0.012" and format_p(float("nan")) == "p = —"
     exact = paired_difference({str(i): 1.0 for i in range(10)}, {str(i): 0.0 for i in range(10)})
     assert exact["p_floor"] is None and format_p(exact["p"], exact["p_floor"]) == "p = 0.002"
+
+
+# ---- across domains (quest_bench.meta) --------------------------------------------------------------------------
+
+def test_standardised_paired_effect_by_hand():
+    # diffs 0.3, 0.1, 0.4, 0.2, 0.5: mean 0.3, s = √0.025 = 0.158114, d_z = 1.897367 (d_z² = 3.6);
+    # J = 1 − 3/(4·4 − 1) = 0.8, g = 1.517893, se = 0.8·√(1/5 + 3.6/10) = 0.8·√0.56 = 0.598665
+    e = standardised_effect([0.3, 0.1, 0.4, 0.2, 0.5])
+    assert e["d_z"] == pytest.approx(1.897367, abs=1e-6) and e["g"] == pytest.approx(1.517893, abs=1e-6)
+    assert e["se"] == pytest.approx(0.598665, abs=1e-6)
+    assert e["ci_low"] == pytest.approx(1.517893 - 1.959964 * 0.598665, abs=1e-5)
+    lower = standardised_effect([0.3, 0.1, 0.4, 0.2, 0.5], higher_is_better=False)  # a larger error is worse
+    assert lower["g"] == pytest.approx(-1.517893, abs=1e-6) and lower["se"] == pytest.approx(0.598665, abs=1e-6)
+    assert math.isnan(standardised_effect([0.1, 0.2])["g"]) and math.isnan(standardised_effect([0.1] * 5)["g"])
+
+
+def test_dersimonian_laird_on_three_studies_by_hand():
+    # y = 0.2, 0.5, 0.9; se = 0.1, 0.2, 0.25 → w = 100, 25, 16, Σw = 141, Σw² = 10881
+    # fixed = (20 + 12.5 + 14.4)/141 = 0.332624; Q = 100·0.132624² + 25·0.167376² + 16·0.567376² = 7.609929
+    # C = 141 − 10881/141 = 63.829787; τ² = (7.609929 − 2)/63.829787 = 0.087889; I² = 5.609929/7.609929 = 0.737185
+    # w* = 1/(v + τ²) = 10.215664, 7.819288, 6.649427; pooled = Σw*y/Σw* = 0.483596; se = 1/√Σw* = 0.201275
+    out = dersimonian_laird([0.2, 0.5, 0.9], [0.1, 0.2, 0.25])
+    assert out["k"] == 3 and out["q"] == pytest.approx(7.609929, abs=1e-6)
+    assert out["tau2"] == pytest.approx(0.087889, abs=1e-6) and out["i2"] == pytest.approx(0.737185, abs=1e-6)
+    assert out["pooled"] == pytest.approx(0.483596, abs=1e-6) and out["se"] == pytest.approx(0.201275, abs=1e-6)
+    assert (out["ci_low"], out["ci_high"]) == (pytest.approx(0.089105, abs=1e-5), pytest.approx(0.878087, abs=1e-5))
+    assert out["p"] == pytest.approx(2 * st.norm.sf(0.483596 / 0.201275), rel=1e-4)
+    assert sum(out["weights"]) == pytest.approx(1.0)
+    # homogeneous studies: Q < k − 1, so τ² = 0, I² = 0 and the pooled estimate is the fixed-effect mean
+    same = dersimonian_laird([0.30, 0.31, 0.29], [0.1, 0.1, 0.1])
+    assert same["tau2"] == 0.0 and same["i2"] == 0.0 and same["pooled"] == pytest.approx(0.30)
+    assert math.isnan(dersimonian_laird([0.3], [0.1])["pooled"])  # one study: nothing to pool
+
+
+def test_forest_plot_writes_a_png(tmp_path):
+    studies = [{"label": f"task {i} $x$", **standardised_effect([0.1 * i + 0.05 * j for j in range(5)])}
+               for i in range(1, 4)]
+    pooled = dersimonian_laird([s["g"] for s in studies], [s["se"] for s in studies])
+    forest_plot({"quest": (studies, pooled), "qknorm": (studies[:2], pooled)}, tmp_path / "forest.png", "test")
+    assert (tmp_path / "forest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_largest_stable_learning_rate_per_task_and_variant():
+    def run(variant, lr, status):
+        return RunResult(run_id=f"{variant}{lr}{status}", task="t", task_version="1", variant=variant, preset="tiny",
+                         seed=0, overrides={"lr": lr}, status=status)
+
+    runs = [run("softmax", 0.001, "ok"), run("softmax", 0.01, "ok"), run("softmax", 0.01, "diverged"),
+            run("quest", 0.001, "ok"), run("quest", 0.01, "ok"), run("qknorm", 0.001, "diverged"),
+            run("qknorm", 0.01, "failed")]
+    table = largest_stable_lr([("t (tiny)", r) for r in runs])
+    assert table[("t (tiny)", "softmax")] == {"largest": 0.001, "searched": 0.01, "diverged": 1, "runs": 3}
+    assert table[("t (tiny)", "quest")]["largest"] == 0.01  # the largest searched: the limit lies beyond
+    assert table[("t (tiny)", "qknorm")]["largest"] is None  # diverged at 1e-3, nothing finished at 1e-2
