@@ -11,6 +11,7 @@ attacks work in pixel space.
 | imagenet | <root>/train/<wnid>/*.JPEG, <root>/val/<wnid>/*.JPEG    | torchvision.datasets.ImageFolder              |
 | ImageNet-C | <root>/imagenet-c/<corruption>/<severity>/<wnid>/*  | ImageFolder, classes mapped to train's        |
 | ImageNet-A | <root>/imagenet-a/<wnid>/*                          | ImageFolder over its 200 wnids; logits restricted to them |
+| ImageNet-ReaL | <root>/real.json (google-research/reassessed-imagenet) | a list per val image ``ILSVRC2012_val_<n>.JPEG`` |
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ MEAN_STD = {"digits": ((0.1307,), (0.3081,)), "cifar10": ((0.4914, 0.4822, 0.446
             "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
 NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100, "imagenet": 1000}
 CHANNELS = {"digits": 1, "cifar10": 3, "cifar100": 3, "imagenet": 3}
+# AlexNet's top-1 error on each ImageNet-C corruption, averaged over the 5 severities: the normaliser of the
+# published mCE (Hendrycks & Dietterich 2019; the values of github.com/hendrycks/robustness).
+ALEXNET_IMAGENET_C_ERROR = {
+    "gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640, "defocus_blur": 0.819880,
+    "glass_blur": 0.826268, "motion_blur": 0.785948, "zoom_blur": 0.798360, "snow": 0.866816, "frost": 0.826572,
+    "fog": 0.819324, "brightness": 0.564592, "contrast": 0.853204, "elastic_transform": 0.646056,
+    "pixelate": 0.717840, "jpeg_compression": 0.606500,
+}
 
 
 def digits_path() -> Path:
@@ -79,6 +88,21 @@ def imagenet_c(root: Path, corruption: str, severity: int, class_to_idx: dict[st
 def imagenet_c_corruptions(root: Path | None) -> list[str]:
     folder = Path(root or "/nonexistent") / "imagenet-c"
     return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
+
+
+def imagenet_real(root: Path | None) -> dict[str, list[int]] | None:
+    """ImageNet-ReaL's labels (Beyer et al. 2020), by validation file name, from ``<root>/real.json``: the n-th list
+    holds the 1k class indices judged correct for ``ILSVRC2012_val_<n>.JPEG`` (n from 1; an empty list: no label,
+    the image is left out). None when the file is absent."""
+    import json
+
+    path = Path(root or "/nonexistent") / "real.json"
+    if not path.exists():
+        return None
+    labels = json.loads(path.read_text())
+    if not isinstance(labels, list) or not all(isinstance(item, list) for item in labels):
+        raise ValueError(f"{path}: ImageNet-ReaL's real.json is a list of label lists (one per validation image)")
+    return {f"ILSVRC2012_val_{i + 1:08d}.JPEG": item for i, item in enumerate(labels)}
 
 
 def imagenet_a(root: Path, class_to_idx: dict[str, int], transform) -> tuple[Dataset, list[int]]:

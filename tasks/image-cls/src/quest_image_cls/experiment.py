@@ -44,6 +44,9 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
         metrics.update(imagenet_c_metrics(model, cfg, root, test_set.class_to_idx, device, ctx))
     if cfg.dataset == "imagenet" and (root / "imagenet-a").exists():
         metrics["imagenet_a_acc"] = imagenet_a_accuracy(model, cfg, root, test_set.class_to_idx, device, ctx)
+    real = D.imagenet_real(root) if cfg.dataset == "imagenet" else None
+    if real is not None:
+        metrics["real_acc"] = real_accuracy(model, test_set, keep.tolist(), real, cfg, device, ctx)
     if not ctx.is_main:  # the other workers' results are not kept
         return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)
     if synthetic:
@@ -193,14 +196,54 @@ def loader_accuracy(model, dataset, cfg: ImageClsConfig, device, classes: list[i
     return hits / max(1, total)
 
 
+@torch.no_grad()
+def real_accuracy(model, dataset, indices: list[int], real: dict[str, list[int]], cfg: ImageClsConfig, device,
+                  ctx=None) -> float:
+    """ImageNet-ReaL accuracy of the validation images ``indices`` of ``dataset`` (an ImageFolder): the share of
+    those with ReaL labels whose top-1 prediction is one of them. Sharded over data-parallel workers like
+    ``loader_accuracy``."""
+    if ctx is not None and ctx.world_size > 1:
+        indices = [indices[i] for i in rank_shard(len(indices), ctx.rank, ctx.world_size)]
+    labels = [real.get(Path(dataset.samples[i][0]).name) for i in indices]
+    if any(item is None for item in labels):
+        missing = next(Path(dataset.samples[i][0]).name for i, item in zip(indices, labels) if item is None)
+        raise ValueError(f"real.json has no entry for validation image {missing}: ImageNet-ReaL labels the official "
+                         "ILSVRC2012_val_<n>.JPEG files")
+    model.eval()
+    hits = counted = seen = 0
+    for x, _ in DataLoader(Subset(dataset, indices), batch_size=256, num_workers=cfg.num_workers):
+        pred = model(x.to(device)).argmax(-1).cpu().tolist()
+        for p, allowed in zip(pred, labels[seen: seen + len(pred)]):
+            counted += bool(allowed)
+            hits += p in allowed
+        seen += len(pred)
+    if ctx is not None:
+        hits, counted = reduce_sums([hits, counted], ctx)
+    return hits / max(1, counted)
+
+
+def alexnet_mce(errors: dict[str, float]) -> float:
+    """The published mCE, in percent: each corruption's error (averaged over severities) divided by AlexNet's
+    (``ALEXNET_IMAGENET_C_ERROR``), averaged over the corruptions given (all 15 of ImageNet-C for the standard
+    number); corruptions outside that table are an error."""
+    unknown = sorted(set(errors) - set(D.ALEXNET_IMAGENET_C_ERROR))
+    if unknown:
+        raise ValueError(f"no AlexNet error for {', '.join(unknown)}; ImageNet-C's corruptions: "
+                         f"{', '.join(D.ALEXNET_IMAGENET_C_ERROR)}")
+    return 100 * sum(e / D.ALEXNET_IMAGENET_C_ERROR[name] for name, e in errors.items()) / len(errors)
+
+
 def imagenet_c_metrics(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device, ctx=None) -> dict:
-    """The same metrics as corruption_metrics, on the real ImageNet-C folders (``corruption_samples`` each)."""
+    """The same metrics as corruption_metrics, on the real ImageNet-C folders (``corruption_samples`` each), plus
+    ``mce_alexnet`` (the published mCE, in percent) over ImageNet-C's standard corruptions that are present."""
     transform = D.eval_transform("imagenet", cfg.img_size)
-    return corruption_summary({
+    accuracies = {
         name: [loader_accuracy(model, spread_subset(D.imagenet_c(root, name, s, class_to_idx, transform),
                                                     cfg.corruption_samples), cfg, device, ctx=ctx) for s in SEVERITIES]
         for name in D.imagenet_c_corruptions(root)
-    })
+    }
+    standard = {name: 1 - sum(a) / len(a) for name, a in accuracies.items() if name in D.ALEXNET_IMAGENET_C_ERROR}
+    return corruption_summary(accuracies) | ({"mce_alexnet": alexnet_mce(standard)} if standard else {})
 
 
 def imagenet_a_accuracy(model, cfg: ImageClsConfig, root: Path, class_to_idx: dict, device, ctx=None) -> float:
