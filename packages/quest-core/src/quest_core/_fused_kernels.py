@@ -118,6 +118,27 @@ def _probs_and_grad(q_hat, k_hat, v, do, lse, delta, keep, qk_scale, PRECISION: 
 
 
 @triton.jit
+def _key_end(LK, pid_m, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """One past the last key a query tile may attend: LK, or the tile's last row + 1 when causal."""
+    hi = LK
+    if CAUSAL:
+        hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
+    return hi
+
+
+@triton.jit
+def _key_tile(K, V, KG, KPM, b, hk, start_n, offs_m, m_valid, skb, skh, skn, skd, svb, svh, svn, svd, smb, smn,
+              LK, D, DV, eps, NORM_K: tl.constexpr, K_GAIN: tl.constexpr, CAUSAL: tl.constexpr,
+              HAS_KPM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The key tile at start_n seen from a query tile: (k̂ in K's dtype, raw v, keep mask)."""
+    offs_n, n_valid, k_hat, _, _, _ = _load_transformed(K, KG, b, hk, start_n, skb, skh, skn, skd, LK, D, eps,
+                                                        NORM_K, K_GAIN, BLOCK_N, BLOCK_D)
+    v = _load_rows(V, b, hk, offs_n, n_valid, svb, svh, svn, svd, DV, BLOCK_DV)
+    keep = _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL, HAS_KPM)
+    return k_hat, v, keep
+
+
+@triton.jit
 def fwd_kernel(
     Q, K, V, QG, KG, KPM, O, LSE,
     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, smb, smn,
@@ -139,15 +160,11 @@ def fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.full((BLOCK_M,), 0.0, tl.float32)
     acc = tl.full((BLOCK_M, BLOCK_DV), 0.0, tl.float32)
-    hi = LK
-    if CAUSAL:
-        hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n, n_valid, k_hat, _, _, _ = _load_transformed(K, KG, b, hk, start_n, skb, skh, skn, skd, LK, D, eps,
-                                                            NORM_K, K_GAIN, BLOCK_N, BLOCK_D)
-        v = _load_rows(V, b, hk, offs_n, n_valid, svb, svh, svn, svd, DV, BLOCK_DV)
+    for start_n in range(0, _key_end(LK, pid_m, BLOCK_M, CAUSAL), BLOCK_N):
+        k_hat, v, keep = _key_tile(K, V, KG, KPM, b, hk, start_n, offs_m, m_valid, skb, skh, skn, skd, svb, svh, svn,
+                                   svd, smb, smn, LK, D, DV, eps, NORM_K, K_GAIN, CAUSAL, HAS_KPM, BLOCK_N, BLOCK_D,
+                                   BLOCK_DV)
         s = tl.dot(q_hat, tl.trans(k_hat), input_precision=PRECISION) * qk_scale
-        keep = _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL, HAS_KPM)
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _maximum))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing to attend yet stays at 0
@@ -259,14 +276,10 @@ def bwd_dq_kernel(
     delta = tl.load(DELTA + pid_bh * LQ + offs_m, mask=m_valid, other=0.0)
 
     dq_hat = tl.full((BLOCK_M, BLOCK_D), 0.0, tl.float32)
-    hi = LK
-    if CAUSAL:
-        hi = tl.minimum(LK, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n, n_valid, k_hat, _, _, _ = _load_transformed(K, KG, b, hk, start_n, skb, skh, skn, skd, LK, D, eps,
-                                                            NORM_K, K_GAIN, BLOCK_N, BLOCK_D)
-        v = _load_rows(V, b, hk, offs_n, n_valid, svb, svh, svn, svd, DV, BLOCK_DV)
-        keep = _keep_mask(offs_m, offs_n, m_valid, n_valid, KPM, b, smb, smn, CAUSAL, HAS_KPM)
+    for start_n in range(0, _key_end(LK, pid_m, BLOCK_M, CAUSAL), BLOCK_N):
+        k_hat, v, keep = _key_tile(K, V, KG, KPM, b, hk, start_n, offs_m, m_valid, skb, skh, skn, skd, svb, svh, svn,
+                                   svd, smb, smn, LK, D, DV, eps, NORM_K, K_GAIN, CAUSAL, HAS_KPM, BLOCK_N, BLOCK_D,
+                                   BLOCK_DV)
         _, ds = _probs_and_grad(q_hat, k_hat, v, do, lse, delta, keep, qk_scale, PRECISION)
         dq_hat += tl.dot(ds.to(K.dtype.element_ty), k_hat, input_precision=PRECISION)
     dq_hat = dq_hat * scale

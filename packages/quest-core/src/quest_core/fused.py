@@ -290,8 +290,7 @@ class _FusedAttention(torch.autograd.Function):
         block_m, block_n, warps, stages = tiles["dkdv"]
         n_tiles = triton_cdiv(lk, block_n)
         k_gain_grad = k_gain_hd is not None and ctx.needs_input_grad[4]
-        dk_gain_part = (torch.empty((b * hkv * n_tiles, block_d), dtype=torch.float32, device=q.device)
-                        if k_gain_grad else dummy)
+        dk_gain_part = _partials(k_gain_grad, (b, hkv, n_tiles, block_d), dummy)
         kernels.bwd_dkdv_kernel[(n_tiles, b * hkv)](
             *inputs, delta_bhl, dk_bhld, dv_bhld, dk_gain_part, *strides,
             h, hkv, h // hkv, lq, lk, d, dv, scale * _LOG2E, scale, NORM_EPS, n_tiles,
@@ -302,21 +301,26 @@ class _FusedAttention(torch.autograd.Function):
         block_m, block_n, warps, stages = tiles["dq"]
         m_tiles = triton_cdiv(lq, block_m)
         q_gain_grad = q_gain_hd is not None and ctx.needs_input_grad[3]
-        dq_gain_part = (torch.empty((b * h * m_tiles, block_d), dtype=torch.float32, device=q.device)
-                        if q_gain_grad else dummy)
+        dq_gain_part = _partials(q_gain_grad, (b, h, m_tiles, block_d), dummy)
         kernels.bwd_dq_kernel[(m_tiles, b * h)](
             *inputs, delta_bhl, dq_bhld, dq_gain_part, *strides,
             h, h // hkv, lq, lk, d, dv, scale * _LOG2E, scale, NORM_EPS, m_tiles,
             Q_GAIN_GRAD=q_gain_grad, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
         )
 
-        dq_gain = dq_gain_part.view(b, h, m_tiles, block_d).sum((0, 2))[:, :d] if q_gain_grad else None
-        dk_gain = dk_gain_part.view(b, hkv, n_tiles, block_d).sum((0, 2))[:, :d] if k_gain_grad else None
+        dq_gain = dq_gain_part.sum((0, 2))[:, :d] if q_gain_grad else None
+        dk_gain = dk_gain_part.sum((0, 2))[:, :d] if k_gain_grad else None
         return dq_bhld, dk_bhld, dv_bhld, dq_gain, dk_gain, None, None, None, None, None
 
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _partials(needed: bool, shape: tuple[int, ...], dummy: torch.Tensor) -> torch.Tensor:
+    """The (B, heads, tiles, BLOCK_D) float32 buffer a backward kernel writes its per-tile gain-gradient sums to
+    (summed over batch and tiles afterwards: deterministic, no atomics), or the dummy when not needed."""
+    return torch.empty(shape, dtype=torch.float32, device=dummy.device) if needed else dummy
 
 
 def _or(t: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
