@@ -41,8 +41,91 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        """A result from its JSON object, checked against the schema (``check_record``): a ValueError says which
+        field is wrong and what is valid."""
+        check_record(data)
         known = cls.__dataclass_fields__
-        missing = [k for k in ("run_id", "task", "variant", "status") if k not in data]
-        if missing:
-            raise ValueError(f"result is missing required fields {missing}")
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# ---- the schema, checked on read: a result.json edited by hand, truncated or from elsewhere is refused ------------
+
+SEED_MAX = 2**32 - 1  # numpy's generators take seeds in [0, 2**32)
+MAX_DEPTH = 32  # nesting of lists and objects in any field (config, env, overrides)
+STATUSES = ("ok", "diverged", "failed")
+REQUIRED = ("run_id", "task", "variant", "status")
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def depth(value, limit: int = MAX_DEPTH) -> int:
+    """How deeply lists and objects nest in ``value`` (stops counting past ``limit``)."""
+    if limit < 0 or not isinstance(value, (dict, list)):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((depth(v, limit - 1) for v in items), default=0)
+
+
+def check_seed(value, where: str = "seed") -> int:
+    """A run's seed: an integer in [0, 2**32) (not a bool, not a float)."""
+    if not is_int(value) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{where} must be an integer from 0 to {SEED_MAX}, got {value!r}")
+    return value
+
+
+def check_record(data) -> None:
+    """Check a result.json object field by field (types, ranges, nesting depth); raise a ValueError naming the first
+    wrong field, its value and what is valid. Unknown keys are ignored (written by a newer version)."""
+    from quest_bench.spec import SAFE_NAME
+
+    if not isinstance(data, dict):
+        raise ValueError(f"a result is a JSON object, got {type(data).__name__}")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"result is missing required fields {missing}")
+
+    def wrong(key: str, valid: str):
+        shown = repr(data[key])
+        raise ValueError(f"field {key!r} = {shown[:80]}{'…' if len(shown) > 80 else ''} is invalid; valid: {valid}")
+
+    for key in ("run_id", "task", "variant", "preset"):
+        if key in data and not (isinstance(data[key], str) and SAFE_NAME.fullmatch(data[key]) and ".." not in data[key]):
+            wrong(key, "a name of letters, digits, '.', '_' and '-'")
+    for key in ("task_version", "reason", "primary_metric", "validation_metric", "finished_at"):
+        if key in data and not isinstance(data[key], str):
+            wrong(key, "a string")
+    if data["status"] not in STATUSES:
+        wrong("status", " | ".join(STATUSES))
+    if "seed" in data and not (is_int(data["seed"]) and 0 <= data["seed"] <= SEED_MAX):
+        wrong("seed", f"an integer from 0 to {SEED_MAX}")
+    for key in ("resumed_from_step", "schema_version"):
+        if key in data and not (is_int(data[key]) and data[key] >= 0):
+            wrong(key, "an integer >= 0")
+    if data.get("diverged_step") is not None and not (is_int(data["diverged_step"]) and data["diverged_step"] >= 0):
+        wrong("diverged_step", "null or an integer >= 0")
+    if "higher_is_better" in data and not isinstance(data["higher_is_better"], bool):
+        wrong("higher_is_better", "true or false")
+    for key in ("metrics", "telemetry", "cost"):  # numbers by name (NaN and inf are allowed: a result may hold them)
+        value = data.get(key, {})
+        if not isinstance(value, dict) or not all(isinstance(k, str) and is_number(v) for k, v in value.items()):
+            wrong(key, "an object of numbers by name")
+    value = data.get("metric_directions", {})
+    if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
+        wrong("metric_directions", "an object of true/false (higher is better) by metric name")
+    value = data.get("data", {})
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        wrong("data", "an object of strings")
+    for key in ("overrides", "env", "config"):
+        if not isinstance(data.get(key, {}), dict):
+            wrong(key, "an object")
+        if depth(data.get(key, {})) > MAX_DEPTH:
+            wrong(key, f"an object nested at most {MAX_DEPTH} levels")
+    env = data.get("env", {})
+    if not isinstance(env.get("packages", {}), dict):
+        raise ValueError(f"field 'env.packages' = {env['packages']!r:.80} is invalid; valid: an object of versions")

@@ -86,10 +86,11 @@ def adhoc_runs(results_dir: Path) -> RunSet:
     """The runs under <results>/adhoc/ (`quest-bench run`'s default folders); corrupt ones are reported, skipped."""
     runs = RunSet()
     for path in sorted((Path(results_dir) / ADHOC).glob("*/result.json")):
-        try:
-            runs.add(RunResult.from_dict(json.loads(path.read_text())), path.parent, ADHOC)
-        except (OSError, ValueError, TypeError) as err:
-            print(f"skipping corrupt run folder {path.parent}: {err}", file=sys.stderr)
+        try:  # checked against the result schema (RunResult.from_dict); an invalid record is skipped, never fatal
+            runs.add(RunResult.from_dict(json.loads(path.read_bytes().decode("utf-8"))), path.parent, ADHOC)
+        except (OSError, ValueError, TypeError, RecursionError) as err:
+            message = str(getattr(err, "strerror", None) or err)[:300].replace("\n", " ")
+            print(f"skipping corrupt run folder {path.parent} ({path.name}: {message})", file=sys.stderr)
     return runs
 
 

@@ -3,18 +3,22 @@
     <results>/<suite>/runs/<run_id>/spec.json      the RunSpec
                                    /result.json    the RunResult (written last, atomically: its presence = finished)
                                    /events.jsonl   training curves and telemetry
-    <results>/<suite>/results.sqlite               table `runs`, one row per run: an index, rebuilt from the folders
-                                                   whenever a folder is newer than it or it cannot be read
+    <results>/<suite>/results.sqlite               table `runs`, one row per run: a cache of the folders for queries,
+                                                   rebuilt whenever any row differs from its folder's result.json
+                                                   (compared by content: its sha256, not timestamps)
     <results>/<suite>/.lock                        held by the one sweep driver writing here
 
-Only the driver writes here. A corrupt or unreadable run folder is reported and skipped, never fatal. A result that
-cannot be used (status ok without a finite primary metric, e.g. an edited or truncated result.json) is reported
-and counts as not finished, so the next sweep runs it again. A read-only results folder is read without an index.
+Only the driver writes here. The folders are the truth: every result.json is checked against the result schema
+(``quest_bench.result.check_record``) when read; one that is unreadable or invalid is reported in one line naming
+its file and skipped, never fatal. A result that cannot be used (status ok without a finite primary metric, e.g. an
+edited or truncated result.json) is reported and counts as not finished, so the next sweep runs it again. A
+read-only results folder is read without an index.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -30,9 +34,23 @@ from quest_bench.spec import RunSpec
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, task TEXT, variant TEXT, preset TEXT, seed INTEGER, overrides TEXT,
-    status TEXT, primary_metric TEXT, primary_value REAL, wall_s REAL, result TEXT
+    status TEXT, primary_metric TEXT, primary_value REAL, wall_s REAL, result TEXT, sha256 TEXT
 )
 """
+
+
+def finite_or_none(value):
+    """A number for an index column (SQLite stores NaN as NULL: so does this, and rows compare equal)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+def index_row(result: RunResult, text: str) -> tuple:
+    """The index row of a result read from ``text`` (its result.json), with that text's sha256."""
+    return (result.run_id, result.task, result.variant, result.preset, result.seed,
+            json.dumps(result.overrides, sort_keys=True), result.status, result.primary_metric,
+            finite_or_none(result.metrics.get(result.primary_metric)), finite_or_none(result.cost.get("wall_s")), text,
+            hashlib.sha256(text.encode()).hexdigest())
 
 
 def unusable_reason(result: RunResult) -> str | None:
@@ -67,7 +85,6 @@ class Store:
         self.root = Path(root)
         self.runs_dir = self.root / "runs"
         self.db_path = self.root / "results.sqlite"
-        self._readable: int | None = None  # readable run folders, counted at the last rebuild or load
         self.lock_path = self.root / ".lock"
 
     def run_dir(self, run_id: str) -> Path:
@@ -85,45 +102,62 @@ class Store:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "spec.json").write_text(json.dumps(spec_record(spec, result), indent=2, sort_keys=True))
         tmp = folder / "result.json.tmp"
-        tmp.write_text(result.to_json())
+        text = result.to_json()
+        tmp.write_text(text)
         os.replace(tmp, folder / "result.json")
-        self._readable = None
         try:
             with self._connect() as con:
-                self._upsert(con, result)
-        except sqlite3.Error as err:  # the folder is written; the index is rebuilt from it on the next read
-            print(f"results index {self.db_path} not updated ({err}); it will be rebuilt", file=sys.stderr)
+                self._upsert(con, index_row(result, text))
+        except sqlite3.Error:  # e.g. an index of an older layout: rebuilt from the folders now
+            try:
+                self._write_index(self._scan(warn=False)[1])
+            except (sqlite3.Error, OSError) as err:  # the folder is written; the next read rebuilds the index
+                print(f"results index {self.db_path} not updated ({err}); it will be rebuilt", file=sys.stderr)
 
     @staticmethod
-    def _upsert(con: sqlite3.Connection, r: RunResult) -> None:
-        value = r.metrics.get(r.primary_metric)
-        con.execute(
-            "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r.run_id, r.task, r.variant, r.preset, r.seed, json.dumps(r.overrides, sort_keys=True), r.status,
-             r.primary_metric, value if isinstance(value, (int, float)) else None, r.cost.get("wall_s"), r.to_json()),
-        )
+    def _upsert(con: sqlite3.Connection, row: tuple) -> None:
+        con.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def read_folder(self, folder: Path) -> RunResult:
-        result = RunResult.from_dict(json.loads((folder / "result.json").read_text()))
+        return self._read(folder)[0]
+
+    @staticmethod
+    def _read(folder: Path) -> tuple[RunResult, tuple]:
+        """A run folder's result, checked against the schema, and its index row."""
+        text = (folder / "result.json").read_bytes().decode("utf-8")
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ValueError("nested too deeply to be a result") from None
+        result = RunResult.from_dict(data)
         if result.run_id != folder.name:
             raise ValueError(f"result.json says run_id {result.run_id!r} but the folder is {folder.name!r}")
-        return result
+        return result, index_row(result, text)
 
     def result_files(self) -> list[Path]:
         return sorted(self.runs_dir.glob("*/result.json")) if self.runs_dir.is_dir() else []
 
     def scan(self, warn: bool = True) -> tuple[list[RunResult], list[str]]:
-        """Every readable result in the run folders, and a message per corrupt one."""
-        results, problems = [], []
+        """Every valid result in the run folders, and a message per corrupt one."""
+        results, _, problems = self._scan(warn)
+        return results, problems
+
+    def _scan(self, warn: bool = True) -> tuple[list[RunResult], list[tuple], list[str]]:
+        results, rows, problems = [], [], []
         for path in self.result_files():
             try:
-                results.append(self.read_folder(path.parent))
-            except (OSError, ValueError, TypeError) as err:
-                problems.append(f"skipping corrupt run folder {path.parent}: {err}")
+                result, row = self._read(path.parent)
+            except (OSError, ValueError, TypeError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                message = str(getattr(err, "strerror", None) or err)
+                problems.append(f"skipping corrupt run folder {path.parent} ({path.name}: "
+                                f"{message[:300].replace(chr(10), ' ')})")
+                continue
+            results.append(result)
+            rows.append(row)
         if warn:
             for p in problems:
                 print(p, file=sys.stderr)
-        return results, problems
+        return results, rows, problems
 
     def finished_ids(self) -> set[str]:
         """The run_ids whose results count as finished (read from the folders; writes nothing)."""
@@ -131,60 +165,52 @@ class Store:
         return {r.run_id for r in results if is_finished(r)}
 
     def rebuild(self) -> list[str]:
-        """Recreate the index from the run folders (built aside and moved into place, so that a reader never sees
-        a half-built index); returns the problems found."""
-        results, problems = self.scan()
+        """Recreate the index from the run folders; returns the problems found."""
+        _, rows, problems = self._scan()
+        self._write_index(rows)
+        return problems
+
+    def _write_index(self, rows: list[tuple]) -> None:
+        """The index holding exactly ``rows``, built aside and moved into place (a reader never sees it half
+        built)."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.db_path.with_name(f"{self.db_path.name}.tmp-{os.getpid()}")
         tmp.unlink(missing_ok=True)
         con = sqlite3.connect(tmp)
         try:
             con.execute(SCHEMA)
-            for r in results:
-                self._upsert(con, r)
+            for row in rows:
+                self._upsert(con, row)
             con.commit()
         finally:
             con.close()
         os.replace(tmp, self.db_path)
-        self._readable = len(results)
-        return problems
 
-    def _readable_count(self) -> int:
-        """How many run folders hold a readable result (corrupt ones are not in the index)."""
-        if self._readable is None:
-            self._readable = len(self.scan(warn=False)[0])
-        return self._readable
-
-    def _index_is_stale(self) -> bool:
-        if not self.db_path.exists():
-            return True
-        built = self.db_path.stat().st_mtime
-        return any(path.stat().st_mtime > built for path in self.result_files())
+    def _index_rows(self) -> set[tuple] | None:
+        """The index's rows, or None when there is none or it cannot be read (creates nothing)."""
+        if not self.db_path.is_file():
+            return None
+        try:
+            con = sqlite3.connect(f"{self.db_path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                return set(con.execute("SELECT run_id, task, variant, preset, seed, overrides, status, primary_metric,"
+                                       " primary_value, wall_s, result, sha256 FROM runs"))
+            finally:
+                con.close()
+        except (sqlite3.Error, OSError):
+            return None
 
     def load(self) -> list[RunResult]:
-        """All results. From the index when it is current; rebuilt first when a run folder is newer than it, when
-        its row count differs from the folders, or on any database error; read straight from the folders (an
-        index in memory) when the results folder cannot be written."""
-        try:
-            if self._index_is_stale():
-                self.rebuild()
-            with self._connect() as con:
-                rows = con.execute("SELECT result FROM runs").fetchall()
-            if len(rows) != self._readable_count():
-                self.rebuild()
-                with self._connect() as con:
-                    rows = con.execute("SELECT result FROM runs").fetchall()
-            return [RunResult.from_dict(json.loads(row[0])) for row in rows]
-        except (sqlite3.Error, ValueError, TypeError):  # a corrupt index: rebuild it from the folders
+        """All valid results, read from the run folders (the truth; invalid ones reported and skipped). The index
+        is brought in line when any of its rows differs from its folder (content, status, a missing or extra row,
+        a database that cannot be read); a results folder that cannot be written is only read."""
+        results, rows, _ = self._scan()
+        if self._index_rows() != set(rows):
             try:
-                self.rebuild()
-                with self._connect() as con:
-                    return [RunResult.from_dict(json.loads(row[0]))
-                            for row in con.execute("SELECT result FROM runs").fetchall()]
-            except (sqlite3.Error, OSError):
-                return self.scan()[0]
-        except OSError:  # read-only results folder: nothing is written, the folders are the index
-            return self.scan()[0]
+                self._write_index(rows)
+            except (sqlite3.Error, OSError):  # read-only results folder: the folders are the index
+                pass
+        return results
 
     def lock(self, wait: bool = False) -> "StoreLock":
         return StoreLock(self.lock_path, wait)
