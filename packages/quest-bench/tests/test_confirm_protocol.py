@@ -134,3 +134,50 @@ def test_a_sweep_runs_stage_two_once_stage_one_has_finished_and_resumes(tmp_path
     assert counts["ok"] == 0 and len(executed) == 32 and counts["skipped"] == 32
     stored = Store(results / "confirmed").scan(warn=False)[0]
     assert len(stored) == 32
+
+
+def test_the_leaderboard_chooses_on_stage_one_reports_stage_two_and_decides_across_the_page(tmp_path, monkeypatch):
+    from quest_bench.cli import main
+
+    path = write_suite(tmp_path, "confirm: {seeds: 10}")
+    suite = load_suite(str(path))
+    results = tmp_path / "results"
+    store = Store(results / "confirmed")
+    stage_two, _ = tuning.confirmation_specs(suite, [fake_result(s) for s in suite.specs])
+    for spec in [*suite.specs, *stage_two]:
+        store.write(spec, fake_result(spec))
+    assert main(["leaderboard", "--suite", str(path), "--results", str(results), "--out", str(tmp_path / "lb")]) == 0
+    text = (tmp_path / "lb" / "README.md").read_text()
+    assert "32 runs" in text  # stage 2's runs belong to the suite as defined
+    tuned = text.split("**Equal tuning budget**")[1].split("\n\n")[1]
+    softmax_row = next(line for line in tuned.splitlines() if line.startswith("| softmax"))
+    quest_row = next(line for line in tuned.splitlines() if line.startswith("| quest"))
+    assert "lr=0.001" in softmax_row and "lr=0.01" in quest_row and "(10)" in quest_row  # stage 2's n
+    verdicts = text.split("## Verdicts (one decision rule)")[1].split("\n## ")[0]
+    row = next(line for line in verdicts.splitlines() if line.startswith("| spurious (tiny) | quest"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "10"  # n: stage 2 only, paired by seed with softmax at its own cell
+    # the fake's quest and softmax share each seed's noise: Δ = 0 on every pair, so the verdict is "within"
+    assert cells[-1].startswith("not significant: Δ +0 within [+0, +0]")
+
+
+def test_verdicts_and_the_forest_plot_across_two_tasks(tmp_path):
+    from quest_bench.leaderboard import write_leaderboard
+    from quest_bench.runs import RunSet
+
+    rng = __import__("numpy").random.default_rng(3)
+    runs = RunSet()
+    for task, shift in (("taska", 0.05), ("taskb", 0.01)):
+        for seed in range(10):
+            noise = float(rng.normal(0, 0.01))
+            for variant, value in (("softmax", 0.5 + noise), ("quest", 0.5 + shift + noise + float(rng.normal(0, 0.01)))):
+                r = result(task, variant, seed, {}, value, value, run_id=f"{task}-{variant}-{seed}")
+                runs.add(r, tmp_path / r.run_id, "s")
+    folder = write_leaderboard(runs, "s", folder=tmp_path / "lb")
+    text = (folder / "README.md").read_text()
+    verdicts = text.split("## Verdicts (one decision rule)")[1].split("\n## ")[0]
+    assert "over the 2 such comparisons" in verdicts
+    for task in ("taska", "taskb"):  # shifts of 5 and 1 sd of the seed noise, n = 10 each: both detected
+        row = next(line for line in verdicts.splitlines() if line.startswith(f"| {task} (tiny) | quest | 10 |"))
+        assert row.split("|")[-2].strip().startswith("better: Δ +0.0") and row.endswith("* |")
+    assert "## Across domains: primary metric" in text and (folder / "forest-primary.png").is_file()

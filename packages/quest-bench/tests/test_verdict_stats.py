@@ -103,6 +103,9 @@ def test_p_values_at_the_monte_carlo_floor_print_as_an_upper_bound():
     floor = 1 / (RANDOM_SIGN_FLIPS + 1)
     assert d["p"] == pytest.approx(floor) and d["p_floor"] == pytest.approx(floor)  # n = 30: sampled; the 2 extreme patterns of 2^30 are never drawn
     assert format_p(d["p"], d["p_floor"]) == "p ≤ 5e-06"
+    from quest_bench.leaderboard import delta_text
+
+    assert "sign-flip p ≤ 5e-06" in delta_text(d, False)  # the leaderboard's Δ cells too
     assert format_p(0.0123, floor) == "p = 0.012" and format_p(float("nan")) == "p = —"
     exact = paired_difference({str(i): 1.0 for i in range(10)}, {str(i): 0.0 for i in range(10)})
     assert exact["p_floor"] is None and format_p(exact["p"], exact["p_floor"]) == "p = 0.002"

@@ -279,6 +279,7 @@ def cmd_leaderboard(args) -> int:
     from quest_bench.leaderboard import write_leaderboard
     from quest_bench.runs import ADHOC, adhoc_runs, collect
     from quest_bench.suite import load_suite, suite_name
+    from quest_bench.tuning import confirmation_specs
 
     check_results_folder(Path(args.results))
     if not args.suite and not args.adhoc:
@@ -293,11 +294,13 @@ def cmd_leaderboard(args) -> int:
         runs.merge(adhoc_runs(Path(args.results)))
     run_ids = set()  # only the runs of the suites as defined now (same specs, same code versions)
     tune: tuple[str, ...] = ()  # the tuning keys of the (first) tuned suite
+    confirm: tuple[int, ...] = ()  # the stage-2 seeds of the (first) confirming suite
     for given in args.suite or []:
         try:
             suite = load_suite(given)
             run_ids |= {spec.run_id for spec in suite.specs}
-            tune = tune or suite.tune
+            run_ids |= {spec.run_id for spec in confirmation_specs(suite, runs.results)[0]}  # stage 2, once due
+            tune, confirm = tune or suite.tune, confirm or suite.confirm
         except ValueError as err:  # no suite file (e.g. results copied from a cluster): every run of that suite
             if "unknown suite" not in str(err):
                 raise
@@ -309,7 +312,7 @@ def cmd_leaderboard(args) -> int:
     out = Path(args.out) if args.out else Path(args.results) / folder / "leaderboard"
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder")
-    out = write_leaderboard(runs, title, runs.matching(run_ids), out, tune)  # with runs stored under older ids
+    out = write_leaderboard(runs, title, runs.matching(run_ids), out, tune, confirm)  # with runs stored under older ids
     print((out / "README.md").read_text())
     print(f"leaderboard: {out / 'README.md'}\n             {out / 'index.html'}")
     return 0

@@ -33,10 +33,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from quest_bench import profiles, tuning  # noqa: E402
+from quest_bench import meta, profiles, tuning  # noqa: E402
 from quest_bench.result import RunResult  # noqa: E402
 from quest_sdk.robustness import CORRUPTION_ERROR  # noqa: E402
-from quest_bench.stats import (holm, mcnemar_exact, mean_std, mean_win_rate,  # noqa: E402
+from quest_bench.stats import (format_p, holm, mcnemar_exact, mean_std, mean_win_rate,  # noqa: E402
                                min_pairs_for_significance, paired_difference, t_interval, wilson_interval)
 from quest_bench.runs import RunSet, suite_runs  # noqa: E402
 from quest_bench.spec import slug  # noqa: E402
@@ -461,7 +461,9 @@ def delta_text(delta: dict | None, binary: bool) -> str:
         return "—"
     n, mark = delta["n_pairs"], " *" if delta.get("p_holm", math.nan) < 0.05 else ""
     corrected = delta.get("p_holm", math.nan)
-    tests = f"p={delta['p']:.3g}" + (f", Holm {corrected:.3g}" if math.isfinite(corrected) else "")
+    sampled = delta.get("p_floor")  # a Monte-Carlo p: "p ≤ floor" at its floor
+    tests = (format_p(delta["p"], sampled) if sampled else f"p={delta['p']:.3g}") + (
+        f", Holm {corrected:.3g}" if math.isfinite(corrected) else "")
     if binary:
         m = delta["mcnemar"]
         return f"{delta['mean']:+.2f} (n={n}; +{m['ours_only']}/−{m['base_only']} discordant; McNemar {tests}){mark}"
@@ -595,12 +597,12 @@ def export_tables(md_text: str, folder: Path) -> list[str]:
 def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
              ignored: int = 0, links: dict[str, list[str]] | None = None,
              robust_wins: dict[str, float] | None = None, tune: tuple[str, ...] = (),
-             folder: Path | None = None) -> str:
+             folder: Path | None = None, confirm: tuple[int, ...] = ()) -> str:
     lines = [f"# Leaderboard: {md(suite)}", ""]
     tuned, scores, at_best = {}, {}, {}
     for b in boards:
         if tune:
-            tuned[b.title], scores[b.title], at_best[b.title] = tuned_table(b, tune)
+            tuned[b.title], scores[b.title], at_best[b.title] = tuned_table(b, tune, confirm)
         if not scores.get(b.title):  # not tuned (or nothing to tune on): the mean over every run
             scores[b.title] = {v: b.row(v)["mean"] for v in b.variants}
     few = too_few(boards)
@@ -641,6 +643,8 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
                   for v, w in sorted(wins.items(), key=lambda kv: -kv[1])] + [""]
     if folder is not None and not few:
         lines += profile_section(scores, {b.title: b.higher for b in boards}, folder)
+    lines += meta.page_sections(boards, at_best, folder, "stage 2 of tune-then-confirm" if confirm else
+                                "each variant at its best cell" if tune else "pooled over runs", variant_color)
     for b in boards:
         arrow = "higher" if b.higher else "lower"
         extras = [m for m in b.directions if m != b.primary]
@@ -701,15 +705,17 @@ def searched_values(b: TaskBoard, key: str) -> str:
     return ", ".join(f"{x:g}" if isinstance(x, float) else md(x) for x in values)
 
 
-def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[str, float], dict[str, dict]]:
+def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = ()) -> tuple[list[str], dict[str, float], dict[str, dict]]:
     """The equal-tuning-budget section of a board (quest_bench.tuning), each variant's test mean at its best cell
-    (for the performance profile) and its paired difference to softmax there (for the summary)."""
+    (for the performance profile) and its paired difference to softmax there (for the summary). ``confirm``: a
+    confirming suite's stage-2 seeds: the cell is chosen on the other seeds and reported on these."""
     val = next((r.validation_metric for r in b.runs if r.validation_metric), "")
     space = ", ".join(f"{md(k)} ∈ {{{searched_values(b, k)}}}" for k in keys)
     if not val:
         return [f"Equal tuning budget over {space}: not computed, the task reports no validation metric.", ""], {}, {}
-    options = {v: tuning.choices(b.by_variant[v], keys, val) for v in b.variants}
+    options = {v: tuning.choices([r for r in b.by_variant[v] if r.seed not in confirm], keys, val) for v in b.variants}
     chosen = {v: tuning.best(options[v], b.higher) for v in b.variants}
+    reported = {v: tuning.confirmed(c, b.by_variant[v], confirm) for v, c in chosen.items()} if confirm else chosen
     default = tuning.default_cell(b.task, b.preset, keys)
     at_default = {v: tuning.at(options[v], default) for v in b.variants}
 
@@ -722,12 +728,15 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[st
             d["p_holm"] = adjusted.get(v, math.nan)
         return out
 
-    d_default, d_best = deltas(at_default), deltas(chosen)
+    d_default, d_best = deltas(at_default), deltas(reported)
     default_label = md(tuning.Choice(default).label()) if default else "not in the search space"
     lines = [f"**Equal tuning budget** over {space} × the seeds (AlgoPerf-style external tuning): per variant the "
              f"cell with the best mean `{md_code(val)}` over its seeds (every seed finished) is chosen on validation, "
              f"and its test `{md_code(b.primary)}` is reported; the default recipe ({default_label}) beside it. Δ vs `{BASELINE}` is "
-             "paired on the seed (each variant at its own cell), Holm-corrected over the variants per column.", "",
+             "paired on the seed (each variant at its own cell), Holm-corrected over the variants per column."
+             + (f" Tune, then confirm: the cell is chosen on the search's seeds and the best-cell columns report stage 2 "
+                f"only (seeds {', '.join(map(str, confirm))}, fresh); the Verdicts section decides." if confirm else ""),
+             "",
              f"| variant | at the default: {md(b.primary)} (n) | Δ vs {BASELINE} | best cell (by {md(val)}) | {md(val)} "
              f"there | {md(b.primary)} at the best cell (n) | Δ vs {BASELINE}, each at its best | diverged / failed in the search |",
              "|---|---|---|---|---|---|---|---|"]
@@ -738,12 +747,12 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...]) -> tuple[list[str], dict[st
             return mean_cell(*mean_std(vals), len(vals)) + f" ({len(vals)})" if vals else "—"
 
         c = chosen[v]
-        scores[v] = mean_std(list(c.by_seed(b.primary).values()))[0] if c else math.nan
+        scores[v] = mean_std(list(reported[v].by_seed(b.primary).values()))[0] if c else math.nan
         runs = b.by_variant[v]
         lines.append(" | ".join([
             f"| {md(v)}", mean_of(at_default[v]), delta_text(d_default.get(v), False),
             cell_label(options[v], c), fmt(c.validation) if c else "—",
-            mean_of(c), delta_text(d_best.get(v), False),
+            mean_of(reported[v]), delta_text(d_best.get(v), False),
             f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)} |"]))
     if any(c and tuning.edge_keys(options[v], c) for v, c in chosen.items()):
         lines += ["", "edge: the best cell lies at the smallest or largest value searched for that key, so the "
@@ -873,12 +882,13 @@ def to_html(suite: str, md_text: str, folder: Path, figures: set[str] = frozense
 
 
 def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None = None,
-                      folder: Path | None = None, tune: tuple[str, ...] = ()) -> Path:
+                      folder: Path | None = None, tune: tuple[str, ...] = (), confirm: tuple[int, ...] = ()) -> Path:
     """Write README.md, index.html and the PNG figures to ``folder`` (default <results>/<suite>/leaderboard/ for a
     Store); return that folder. ``runs``: one suite's Store, or any RunSet (ad-hoc runs, several suites merged).
 
     ``run_ids``: the runs of the suite as defined now; others in the folder (older code versions) are left out.
-    ``tune``: the suite's tuning keys (``Suite.tune``): each task gets its equal-tuning-budget table.
+    ``tune``: the suite's tuning keys (``Suite.tune``): each task gets its equal-tuning-budget table. ``confirm``: a
+    confirming suite's stage-2 seeds (``Suite.confirm``): cells are chosen without them and reported with them.
     Runs that cannot be used (failed, or ok without a finite primary metric) get one warning line each on stderr;
     failed ones are counted in the tables, and the next sweep runs them again.
     """
@@ -914,7 +924,7 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
             figures[b.title].append(f"{stem}-margin.png")
     links = {b.title: b.figure_links(runs.folders, folder) for b in boards}
     md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True),
-                       tune, folder)
+                       tune, folder, confirm)
     shutil.rmtree(folder / "tables", ignore_errors=True)
     tables = export_tables(md_text, folder / "tables")
     md_text += ("\n## Tables as data\n\nEvery table above as CSV and JSON: "

@@ -208,3 +208,13 @@ def confirmation_specs(suite, results: list[RunResult]) -> tuple[list, list[str]
         template = templates[cell_key(chosen.cell, suite.tune)]
         specs += [replace(template, seed=seed) for seed in suite.confirm]
     return specs, notes
+
+
+def confirmed(choice: Choice | None, runs: list[RunResult], seeds: tuple[int, ...]) -> Choice | None:
+    """Stage 2 of ``choice``: the variant's ``runs`` at its cell with the confirmation ``seeds`` (what a confirming
+    suite reports), keeping the stage-1 validation mean that chose the cell."""
+    if choice is None:
+        return None
+    cell = [r for r in runs if r.seed in seeds and at([Choice({k: r.overrides.get(k) for k in choice.cell})],
+                                                      choice.cell)]
+    return Choice(choice.cell, sorted(cell, key=lambda r: (r.seed, r.run_id)), choice.validation)
