@@ -136,20 +136,17 @@ def holds_qkv(module: nn.Module) -> bool:
 
 def unconverted(model: nn.Module, swapped_paths: list[str]) -> list[tuple[str, str, str]]:
     """Attention modules (by name, structure or known class) neither swapped nor part of a swapped one, with the
-    reason each is left: ``(path, class name, why)`` in model order."""
+    reason each is left: ``(path, class name, why)`` in model order. A module found only by its name is not listed
+    when it wraps one that is swapped or listed (a block around the attention)."""
     swapped = set(swapped_paths)
 
     def in_swapped(path: str) -> bool:
-        return path in swapped or any(path.startswith(p + ".") for p in swapped if p) or ("" in swapped)
-
-    def wraps_swapped(path: str) -> bool:
-        prefix = path + "." if path else ""
-        return any(p.startswith(prefix) for p in swapped)
+        return "" in swapped or path in swapped or any(path.startswith(p + ".") for p in swapped)
 
     timm = _timm_layers()
     found = probe_attention(model, skip=in_swapped)
-    left = []
     no_rule = f"no swap rule for this class (supported: {SUPPORTED})"
+    left, by_name = [], set()
     for path, module in model.named_modules():
         if in_swapped(path) or isinstance(module, AttentionKernel):
             continue
@@ -159,12 +156,19 @@ def unconverted(model: nn.Module, swapped_paths: list[str]) -> list[tuple[str, s
             left.append((path, name, known))
         elif path in found:
             left.append((path, name, f"{found[path]} (found by probing its forward); {no_rule}"))
-        elif _ATTN_NAME.search(name) and not wraps_swapped(path):
+        elif _ATTN_NAME.search(name):
             left.append((path, name, f"named like attention (class name); {no_rule}"))
-        elif _ATTN_NAME.search(attr) and holds_qkv(module) and not wraps_swapped(path):
+            by_name.add(path)
+        elif _ATTN_NAME.search(attr) and holds_qkv(module):
             left.append((path, name, f"named like attention (attribute {attr!r}) and holds q/k/v projections; "
                                      f"{no_rule}"))
-    return left
+            by_name.add(path)
+    inner = swapped | {path for path, _, _ in left}
+
+    def wraps(path: str) -> bool:
+        return any(p != path and (path == "" or p.startswith(path + ".")) for p in inner)
+
+    return [entry for entry in left if entry[0] not in by_name or not wraps(entry[0])]
 
 
 # ---- the structural probe ---------------------------------------------------------------------------------------
@@ -246,9 +250,16 @@ def probe_attention(model: nn.Module, skip=lambda path: False) -> dict[str, str]
     constants = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
     stack: list[str] = []
     hooks = []
+    def enter(path: str) -> None:
+        stack.append(path)  # hooks return None: the module's inputs and output stay as they are
+
+    def leave() -> None:
+        if stack:
+            stack.pop()
+
     for path, m in modules.items():
-        hooks.append(m.register_forward_pre_hook(lambda _m, _a, path=path: stack.append(path)))
-        hooks.append(m.register_forward_hook(lambda *_: stack.pop(), always_call=True))
+        hooks.append(m.register_forward_pre_hook(lambda _m, _args, path=path: enter(path)))
+        hooks.append(m.register_forward_hook(lambda _m, _args, _out: leave(), always_call=True))
     training = {path: m.training for path, m in modules.items()}
     cuda = sorted({t.device.index or 0 for t in model.parameters() if t.device.type == "cuda"})
     found: dict[str, str] = {}
