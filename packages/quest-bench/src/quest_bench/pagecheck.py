@@ -1,5 +1,8 @@
 """Check a leaderboard page in a real headless browser (Debian's ``chromium-headless-shell``, which ``make setup``
 installs): every image loads, no script error or console error, no literal Markdown backticks in the rendered text.
+With ``interact=True`` (the hostile-values test) it also clicks every link, and fails if anything in the page ran a
+script (a hostile value's ``javascript:`` link or ``onerror`` handler would set ``data-pwned`` on the page, the
+mark the tests' payloads use) or loaded a resource that is not inlined in the page (a local file).
 
     python -m quest_bench.pagecheck results/smoke/leaderboard/index.html
 """
@@ -25,9 +28,21 @@ console.error = (...a) => { window.__errors.push(a.join(' ')); consoleError(...a
 window.addEventListener('load', () => {
   const images = [...document.images];
   const broken = images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt || i.src.slice(0, 80));
-  document.documentElement.setAttribute('data-check', JSON.stringify({
+  const report = () => document.documentElement.setAttribute('data-check', JSON.stringify({
     images: images.length, broken: broken, errors: window.__errors,
-    backticks: document.body.innerText.includes('`'), links: [...document.links].map(a => a.getAttribute('href'))}));
+    backticks: document.body.innerText.includes('`'), links: [...document.links].map(a => a.getAttribute('href')),
+    pwned: document.documentElement.hasAttribute('data-pwned'), clicked: window.__clicked || 0,
+    resources: [...performance.getEntriesByType('resource').map(e => e.name),
+                ...[...document.querySelectorAll('[src]')].map(e => e.src)]}));
+  if (window.__interact) {  // follow no link that leaves the page; let a javascript: one run if it can
+    document.addEventListener('click', e => { const a = e.target.closest('a');
+      if (a && a.protocol !== 'javascript:') e.preventDefault(); }, true);
+    window.__clicked = 0;
+    for (const a of document.querySelectorAll('a, [onclick]')) { a.click(); window.__clicked++; }
+    setTimeout(report, 1000);
+  } else {
+    report();
+  }
 });
 </script>"""
 
@@ -36,15 +51,21 @@ def browser() -> str | None:
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
 
-def check_page(page: Path, timeout_s: float = 60) -> list[str]:
-    """The problems a headless browser finds in ``page`` (empty: none); an error if no browser is installed."""
+def check_page(page: Path, timeout_s: float = 60, interact: bool = False, keep_csp: bool = True) -> list[str]:
+    """The problems a headless browser finds in ``page`` (empty: none); an error if no browser is installed.
+    ``interact``: also click every link and report scripts that ran and resources loaded (see the module's doc).
+    ``keep_csp=False`` removes the page's Content-Security-Policy first, to check that escaping alone holds."""
     exe = browser()
     if exe is None:
         raise RuntimeError(f"no headless browser found (tried {', '.join(BROWSERS)}); run `make setup` as root, or "
                            "apt-get install chromium-headless-shell")
     page = Path(page).resolve()
     html = page.read_text()
-    probed = html.replace("<head>", "<head>" + PROBE, 1)
+    if not keep_csp:
+        html = re.sub(r"<meta http-equiv=.Content-Security-Policy.[^>]*>", "", html)
+    # before the page's own CSP meta, which applies to what follows it only
+    probe = PROBE.replace("<script>", "<script>window.__interact = true;", 1) if interact else PROBE
+    probed = html.replace("<head>", "<head>" + probe, 1)
     with tempfile.TemporaryDirectory() as profile:
         copy = page.with_name(f".pagecheck-{page.name}")  # beside the page: its relative links must resolve
         copy.write_text(probed)
@@ -64,6 +85,11 @@ def check_page(page: Path, timeout_s: float = 60) -> list[str]:
     problems += [f"console: {line.strip()}" for line in proc.stderr.splitlines() if ":ERROR:CONSOLE" in line]
     if report["backticks"]:
         problems.append("literal Markdown backticks in the rendered text")
+    if report.get("pwned"):
+        problems.append("a script from the page's content ran (data-pwned is set)")
+    for name in dict.fromkeys(report.get("resources", [])):
+        if not name.startswith("data:"):
+            problems.append(f"loads a resource that is not inlined: {name[:120]}")
     for href in report["links"]:
         if href and not re.match(r"^[a-z]+:", href) and not (page.parent / href).exists():
             problems.append(f"broken link: {href}")
