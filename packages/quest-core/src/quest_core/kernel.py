@@ -173,6 +173,8 @@ class AttentionKernel(nn.Module):
 
         padding = key_padding_from_mask(attn_mask, q, k)
         why = None
+        if self.backend == "auto" and q.device.type != "cuda":
+            return None  # the interpreter (TRITON_INTERPRET=1) only under backend="fused": it is for tests
         if torch.compiler.is_compiling():
             why = "torch.compile traces the SDPA path (the Triton kernel would be a graph break)"
         elif self.telemetry is not None:
@@ -193,7 +195,8 @@ class AttentionKernel(nn.Module):
 
 
 BACKENDS = ("sdpa", "fused", "auto")  # sdpa: transform + F.scaled_dot_product_attention (default, any device);
-# fused: quest_core.fused's Triton kernel, an error where it does not apply; auto: fused where it applies, else sdpa
+# fused: quest_core.fused's Triton kernel, an error where it does not apply; auto: fused for CUDA tensors where it
+# applies, else sdpa
 
 
 def _fill_missing_params(module: AttentionKernel, state_dict: dict, prefix: str, *args) -> None:
