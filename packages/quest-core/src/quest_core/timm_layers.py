@@ -44,6 +44,14 @@ from quest_core.kernel import AttentionKernel
 from quest_core.variants import get_variant, list_variants
 
 
+def _attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
+    """Give a timm attention module its ``AttentionKernel`` (heads and head dim from its output projection, whose
+    input is the heads' concatenation in every host here)."""
+    weight = self.proj.weight
+    self.kernel = AttentionKernel(variant, self.num_heads, weight.shape[1] // self.num_heads, qk_scale_init,
+                                  device=weight.device, dtype=weight.dtype)
+
+
 class TimmAttention(Attention):
     """timm ``Attention`` with the product computed by a quest_core variant (``variant`` class attribute)."""
 
@@ -53,11 +61,7 @@ class TimmAttention(Attention):
         super().__init__(*args, **kwargs)
         self.attach_kernel(self.variant, qk_scale_init)
 
-    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
-        weight = self.qkv.weight
-        self.kernel = AttentionKernel(
-            variant, self.num_heads, self.head_dim, qk_scale_init, device=weight.device, dtype=weight.dtype
-        )
+    attach_kernel = _attach_kernel
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
@@ -82,12 +86,7 @@ class SwinWindowAttention(WindowAttention):
 
     variant = "quest"
 
-    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
-        weight = self.qkv.weight
-        head_dim = weight.shape[0] // 3 // self.num_heads
-        self.kernel = AttentionKernel(
-            variant, self.num_heads, head_dim, qk_scale_init, device=weight.device, dtype=weight.dtype
-        )
+    attach_kernel = _attach_kernel
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B_, N, _ = x.shape
@@ -111,11 +110,7 @@ class EvaQuestAttention(EvaAttention):
 
     variant = "quest"
 
-    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
-        weight = self.proj.weight
-        self.kernel = AttentionKernel(
-            variant, self.num_heads, self.head_dim, qk_scale_init, device=weight.device, dtype=weight.dtype
-        )
+    attach_kernel = _attach_kernel
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
                 is_causal: bool = False) -> torch.Tensor:
@@ -151,10 +146,7 @@ class ConvitMHSA(MHSA):
 
     variant = "quest"
 
-    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
-        weight = self.qkv.weight
-        self.kernel = AttentionKernel(variant, self.num_heads, weight.shape[1] // self.num_heads, qk_scale_init,
-                                      device=weight.device, dtype=weight.dtype)
+    attach_kernel = _attach_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
@@ -181,10 +173,7 @@ class ConvitGPSA(GPSA):
 
     variant = "quest"
 
-    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
-        weight = self.qk.weight
-        self.kernel = AttentionKernel(variant, self.num_heads, self.dim // self.num_heads, qk_scale_init,
-                                      device=weight.device, dtype=weight.dtype)
+    attach_kernel = _attach_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
@@ -221,10 +210,7 @@ class CaitClassAttn(ClassAttn):
 
     variant = "quest"
 
-    def attach_kernel(self, variant: str, qk_scale_init: float | None = None) -> None:
-        weight = self.q.weight
-        self.kernel = AttentionKernel(variant, self.num_heads, weight.shape[0] // self.num_heads, qk_scale_init,
-                                      device=weight.device, dtype=weight.dtype)
+    attach_kernel = _attach_kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
