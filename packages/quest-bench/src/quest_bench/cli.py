@@ -45,6 +45,27 @@ def parse_sets(pairs: list[str]) -> dict:
     return out
 
 
+def check_run_options(args) -> None:
+    """The options `run` and `sweep` share, checked before a folder is created or Ray starts (exit 2): the same
+    rules for both."""
+    from quest_bench.result import check_seed, is_int
+
+    def at_least(option: str, value, low: int) -> None:
+        if value is not None and not (is_int(value) and value >= low):
+            raise ValueError(f"{option} must be an integer >= {low}, got {value!r}")
+
+    at_least("--workers", getattr(args, "workers", None), 1)
+    at_least("--threads", getattr(args, "threads", None), 1)
+    at_least("--checkpoint-every", getattr(args, "checkpoint_every", None), 0)
+    at_least("--max-failures", getattr(args, "max_failures", None), 0)
+    if getattr(args, "seed", None) is not None:
+        check_seed(args.seed, "--seed")
+    if getattr(args, "attention", None) is not None:
+        from quest_bench.spec import check_name
+
+        check_name("variant", args.attention)  # "" is refused, not taken as the default
+
+
 def cmd_tasks(args) -> int:
     import quest_core
 
@@ -126,15 +147,17 @@ def spec_from_args(args) -> RunSpec:
     if not args.spec:
         if not args.task:
             raise ValueError("give a TASK (see `quest-bench tasks`) or --spec PATH/spec.json")
-        return RunSpec(args.task, args.attention or "quest", args.preset or "tiny", args.seed or 0, parse_sets(args.set))
+        variant = "quest" if args.attention is None else args.attention
+        return RunSpec(args.task, variant, args.preset or "tiny", 0 if args.seed is None else args.seed,
+                       parse_sets(args.set))
     try:
         record = json.loads(Path(args.spec).read_text())
-        if not isinstance(record, dict) or not isinstance(record.get("overrides", {}), dict) or not isinstance(
-                record.get("seed", 0), int):
-            raise ValueError("expected an object with task, variant, preset, seed (an integer) and overrides (an object)")
+        check_spec_record(record)
         spec = RunSpec.from_json(record)
     except OSError as err:
         raise ValueError(f"cannot read --spec {args.spec}: {err.strerror}") from None
+    except RecursionError:
+        raise ValueError(f"--spec {args.spec} is not a run's spec.json: nested too deeply") from None
     except (ValueError, TypeError) as err:
         raise ValueError(f"--spec {args.spec} is not a run's spec.json: {err}") from None
     if args.attention or args.preset or args.seed is not None or args.set:
@@ -151,9 +174,37 @@ def spec_from_args(args) -> RunSpec:
     return spec
 
 
+def check_spec_record(record) -> None:
+    """A spec.json's fields, checked as `run`'s options are: names, seed, overrides (an object nested at most
+    MAX_DEPTH levels), torch_threads, data_root."""
+    from quest_bench.result import MAX_DEPTH, check_seed, depth, is_int
+
+    if not isinstance(record, dict):
+        raise ValueError("expected an object with task, variant, preset, seed (an integer) and overrides (an object)")
+    for key in ("task", "variant"):
+        if not isinstance(record.get(key), str):
+            raise ValueError(f"{key!r} must be a name (a string), got {record.get(key)!r}")
+    if not isinstance(record.get("preset", "tiny"), str) or record.get("preset", "tiny") not in PRESETS:
+        raise ValueError(f"'preset' must be one of {', '.join(PRESETS)}, got {record.get('preset')!r}")
+    check_seed(record.get("seed", 0), "'seed'")
+    overrides = record.get("overrides", {})
+    if not isinstance(overrides, dict) or depth(overrides) > MAX_DEPTH:
+        raise ValueError(f"'overrides' must be an object (nested at most {MAX_DEPTH} levels), got "
+                         f"{type(overrides).__name__}")
+    threads = record.get("torch_threads")
+    if threads is not None and not (is_int(threads) and threads >= 1):
+        raise ValueError(f"'torch_threads' must be null or an integer >= 1, got {threads!r}")
+    if not isinstance(record.get("data_root") or "", str):
+        raise ValueError(f"'data_root' must be null or a path (a string), got {record.get('data_root')!r}")
+    if not isinstance(record.get("code_version", ""), str):
+        raise ValueError(f"'code_version' must be a string, got {record.get('code_version')!r}")
+
+
 def cmd_run(args) -> int:
-    from quest_bench.runner import execute, resolve
-    from quest_bench.store import spec_record
+    from quest_bench.runner import resolve
+    from quest_bench.store import StoreLock
+
+    check_run_options(args)
 
     spec = resolve(spec_from_args(args))
     check_device(args.device)
@@ -162,7 +213,25 @@ def cmd_run(args) -> int:
     workers = args.workers or get_task(spec.task).resources_for(spec.preset).workers
     get_task(spec.task).check_workers(workers)  # refused before anything is written
     out = Path(args.out) if args.out else Path("results") / "adhoc" / f"{spec.task}-{spec.variant}-{spec.run_id}"
+    if out.is_dir():  # another `run` (or a sweep's driver) writing there: refused before anything is touched
+        from quest_bench.store import Store
+
+        holder = Store(out).lock_holder()
+        if holder:
+            raise ValueError(RUN_BUSY.format(out=out, holder=holder))
     state = prepare_run_folder(out, spec, args.force)
+    with StoreLock(out / ".lock", busy=RUN_BUSY.format(out=out, holder="{holder}")):
+        return run_in_folder(args, spec, out, state, workers)
+
+
+RUN_BUSY = "--out {out} is in use by another run ({holder}); wait for it to finish or choose another folder"
+
+
+def run_in_folder(args, spec: RunSpec, out: Path, state: str, workers: int) -> int:
+    """`run`'s part after its checks, holding the folder's lock."""
+    from quest_bench.runner import execute
+    from quest_bench.store import spec_record
+
     if state == "finished":
         print(f"{out} already holds this finished run; nothing to do (--force runs it again)", file=sys.stderr)
         print_result(RunResult.from_dict(json.loads((out / "result.json").read_text())), out)
@@ -215,7 +284,7 @@ def prepare_run_folder(out: Path, spec: RunSpec, force: bool) -> str:
 
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder")
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not any(e.name != ".lock" for e in out.iterdir()):  # .lock: a run's lock file
         out.mkdir(parents=True, exist_ok=True)
         return "new"
     try:
@@ -227,13 +296,14 @@ def prepare_run_folder(out: Path, spec: RunSpec, force: bool) -> str:
         try:
             return "finished" if is_finished(RunResult.from_dict(json.loads((out / "result.json").read_text()))) \
                 else "resume"
-        except (OSError, ValueError, TypeError):
+        except (OSError, ValueError, TypeError, RecursionError):
             return "resume"  # no readable result.json: the run was interrupted
     if not force:
         raise ValueError(f"--out {out} holds a different run ({out / 'spec.json'}); choose another folder, or pass "
                          "--force to replace it")
     for entry in out.iterdir():
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        if entry.name != ".lock":  # held by this run from now on
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     return "new"
 
 
@@ -254,6 +324,7 @@ def cmd_sweep(args) -> int:
     from quest_bench.suite import load_suite
     from quest_bench.sweep import check_sweep_args, dry_run, run_sweep
 
+    check_run_options(args)
     check_sweep_args(args.max_retries, args.run_timeout)
     check_results_folder(Path(args.results))
     if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ and not Path(args.results).is_absolute():

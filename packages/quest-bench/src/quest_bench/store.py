@@ -238,10 +238,11 @@ def in_use_message(folder: Path, holder: str) -> str:
 
 class StoreLock:
     """An exclusive lock on a results folder (``fcntl.flock`` on ``.lock``), so that two sweep drivers never run
-    the same runs twice. The file names its holder; a second driver refuses (or, with ``wait``, waits)."""
+    the same runs twice (and two `run --out` never write one run folder). The file names its holder; a second
+    driver refuses (or, with ``wait``, waits). ``busy``: the refusal's message, with ``{holder}`` in it."""
 
-    def __init__(self, path: Path, wait: bool = False):
-        self.path, self.wait, self.fd = Path(path), wait, None
+    def __init__(self, path: Path, wait: bool = False, busy: str | None = None):
+        self.path, self.wait, self.fd, self.busy = Path(path), wait, None, busy
 
     def __enter__(self) -> "StoreLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,7 +256,8 @@ class StoreLock:
                 holder = self.path.read_text().strip() or "another process"
                 if not self.wait:
                     os.close(self.fd)
-                    raise ValueError(in_use_message(self.path.parent, holder)) from None
+                    raise ValueError(self.busy.format(holder=holder) if self.busy
+                                     else in_use_message(self.path.parent, holder)) from None
                 if not announced:
                     print(f"waiting for the sweep driver holding {self.path} ({holder})", file=sys.stderr)
                     announced = True

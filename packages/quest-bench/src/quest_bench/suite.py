@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from quest_bench import tuning
+from quest_bench.result import MAX_DEPTH, SEED_MAX, depth
 from quest_bench.runner import REPO_ROOT, resolve
 from quest_bench.spec import RunSpec, check_name
 
@@ -82,6 +83,8 @@ def read_yaml(path: Path) -> dict:
         raw = yaml.safe_load(path.read_text())
     except OSError as err:
         raise ValueError(f"cannot read suite file {path}: {err.strerror}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to be a suite") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -119,8 +122,8 @@ def load_suite(name_or_path: str) -> Suite:
         raw["variants"] = quest_core.list_variants()
     variants = as_list(path, raw, "variants", [])
     seeds = as_list(path, raw, "seeds", [0])
-    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-        raise ValueError(f"{path}: 'seeds' must be a list of integers >= 0, got {seeds!r}")
+    if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= SEED_MAX for s in seeds):
+        raise ValueError(f"{path}: 'seeds' must be a list of integers from 0 to {SEED_MAX}, got {seeds!r:.200}")
     for key in ("overrides", "grid"):
         if not isinstance(raw.get(key) or {}, dict):
             raise ValueError(f"{path}: {key!r} must be a mapping of task config keys, got {raw[key]!r}")
@@ -145,9 +148,12 @@ def load_suite(name_or_path: str) -> Suite:
         presets = entry.get("presets") or as_list(path, raw, "presets", ["tiny"])
         for preset, variant, seed, cell in itertools.product(presets, variants, seeds, grid_cells(grid)):
             try:
+                if depth({**fixed, **cell}) > MAX_DEPTH:
+                    raise ValueError(f"overrides nested more than {MAX_DEPTH} levels")
                 specs.append(resolve(RunSpec(str(entry["name"]), str(variant), str(preset), seed, {**fixed, **cell})))
             except ValueError as err:
                 raise ValueError(f"{path}: {err}") from None
+    specs = list({spec.run_id: spec for spec in specs}.values())  # equal entries (same run_id) merged: runs once
     return Suite(name, str(raw.get("description", "")), specs, tuple(str(k) for k in tune), confirm)
 
 

@@ -1,7 +1,10 @@
-"""Where a run's checkpoint lives: one file in the run's folder, replaced atomically."""
+"""Where a run's checkpoint lives: one file in the run's folder, replaced atomically. A checkpoint that cannot be
+used (unreadable, or another architecture or version) is set aside once and training starts over; a second one is
+an error."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from pathlib import Path
@@ -9,6 +12,13 @@ from pathlib import Path
 import torch
 
 CHECKPOINT = "checkpoint.pt"
+SET_ASIDE = "checkpoint.unusable.pt"  # the checkpoint set aside, beside the run's other files
+SET_ASIDE_LOG = "checkpoint.unusable.txt"  # when and why, one line per checkpoint set aside
+
+
+class UnusableCheckpoint(RuntimeError):
+    """A second checkpoint of the same run that cannot be used: the run fails with both reasons instead of
+    starting over again."""
 
 
 class FolderCheckpoints:
@@ -27,12 +37,32 @@ class FolderCheckpoints:
         os.replace(tmp, self.path)
 
     def load(self) -> dict | None:
-        """The saved state, or None without one. An unreadable checkpoint is reported and the run starts over."""
+        """The saved state, or None without one. An unreadable checkpoint is set aside (``set_aside``) and the run
+        starts over."""
         if not self.path.exists():
             return None
         try:
             return torch.load(self.path, map_location="cpu", weights_only=True)
         except Exception as err:  # a truncated or foreign file: starting over loses time, not results
-            print(f"warning: ignoring unreadable checkpoint {self.path} ({type(err).__name__}: {err}); "
-                  "training starts from step 0", file=sys.stderr)
+            self.set_aside(f"{type(err).__name__}: {err}", kind="unreadable")
             return None
+
+    def set_aside(self, reason: str, kind: str = "unusable") -> None:
+        """Rename the checkpoint to ``checkpoint.unusable.pt`` and append the reason to ``checkpoint.unusable.txt``
+        (the run's record of it), so the run starts over once; if one was set aside before, raise
+        ``UnusableCheckpoint`` instead (the run fails and says why, rather than starting over forever)."""
+        folder = self.path.parent
+        reason = " ".join(str(reason).split())[:500]
+        log = folder / SET_ASIDE_LOG
+        if log.exists():
+            first = log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
+            raise UnusableCheckpoint(f"{kind} checkpoint {self.path} ({reason}), and an earlier one was set "
+                                     f"aside already ({first[0]}); remove both to start over")
+        print(f"warning: ignoring {kind} checkpoint {self.path} ({reason}); set aside as {folder / SET_ASIDE}, "
+              "training starts from step 0", file=sys.stderr)
+        if not self.write:
+            return
+        os.replace(self.path, folder / SET_ASIDE)
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        with open(log, "a") as f:
+            f.write(f"{stamp} {CHECKPOINT} set aside as {SET_ASIDE}, {kind}: {reason}\n")

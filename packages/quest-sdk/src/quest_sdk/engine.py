@@ -21,6 +21,7 @@ derived from (seed, step) alone, so the data of step s is the same whether or no
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from contextlib import nullcontext
@@ -230,10 +231,23 @@ class Trainer:
         self.ctx.checkpoints.save(self.state_dict(), self.step)
 
     def restore(self) -> None:
+        """Resume from the run's checkpoint, if any. One that does not fit (another architecture, optimizer or
+        checkpoint version) is set aside by the checkpoint store and training starts over from this exact state."""
         state = self.ctx.checkpoints.load()
-        if state is not None:
+        if state is None:
+            return
+        fresh = copy.deepcopy(self.state_dict())  # loading may fail half-way: this is the state to start from
+        try:
             self.load_state_dict(state)
-            self.ctx.resumed_from_step = self.step
+        except Exception as err:
+            self.load_state_dict(fresh)
+            self.step = self.resumed_from_step = 0
+            set_aside = getattr(self.ctx.checkpoints, "set_aside", None)
+            if set_aside is None:
+                raise
+            set_aside(f"does not fit this run: {type(err).__name__}: {err}")
+            return
+        self.ctx.resumed_from_step = self.step
 
 
 class EpochBatches:
