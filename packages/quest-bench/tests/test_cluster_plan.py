@@ -127,3 +127,18 @@ def test_cli_dry_run_with_cuda_needs_no_gpu(tmp_path, capsys):
     out = capsys.readouterr().out
     assert re.search(r"points/quest/paper/seed0 +4 x \(8 CPUs, 1 GPUs, 16 GiB, cuda\)", out)
     assert "cluster kuberay-rayjob.yaml: every run can be placed" in out
+
+
+def test_memory_reservations_reach_the_placement_and_the_live_feasibility_check():
+    from quest_bench.spec import RunSpec
+    from quest_bench.sweep import check_feasible
+
+    spec = RunSpec("lm", "quest", "paper", 0)
+    where = placement(spec)
+    assert (where.workers, where.memory_gb, where.memory_bytes) == (4, 32, 32 * 2**30)
+    assert "32 GiB" in where.total
+    roomy = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 1.0, "memory": 40.0 * 2**30}}] * 4
+    check_feasible([spec], {spec.run_id: where}, roomy)
+    tight = [{"Alive": True, "Resources": {"CPU": 16.0, "GPU": 1.0, "memory": 24.0 * 2**30}}] * 4
+    with pytest.raises(ValueError, match=r"32 GiB \(cuda\), but the cluster's nodes have: 16 CPUs, 1 GPUs, 24 GiB"):
+        check_feasible([spec], {spec.run_id: where}, tight)

@@ -73,8 +73,11 @@ def worker_loop(config: dict) -> None:
 
 def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str = "cpu",
                         data_root: str | None = None, progress: bool = True, checkpoint_every: int = 0,
-                        max_failures: int = 2, cpus_per_worker: float = 1, threads: int | None = None) -> RunResult:
-    """Run ``spec`` on ``workers`` Ray Train workers (Ray must be initialised); the result of worker 0."""
+                        max_failures: int = 2, cpus_per_worker: float = 1, threads: int | None = None,
+                        memory_per_worker: int = 0) -> RunResult:
+    """Run ``spec`` on ``workers`` Ray Train workers (Ray must be initialised), each with ``cpus_per_worker`` CPUs,
+    a GPU on CUDA and ``memory_per_worker`` bytes of Ray's memory resource (0: none reserved); the result of
+    worker 0."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -90,6 +93,7 @@ def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str 
         torch_config=TorchConfig(backend="nccl" if device == "cuda" else "gloo"),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=device == "cuda",
                                      resources_per_worker={"CPU": cpus_per_worker,
+                                                           **({"memory": memory_per_worker} if memory_per_worker else {}),
                                                            **({"GPU": 1} if device == "cuda" else {})}),
         run_config=RunConfig(name="ray-train", storage_path=str(out_dir),
                              failure_config=FailureConfig(max_failures=max_failures),

@@ -69,11 +69,17 @@ class Placement:
     workers: int  # 1, or the data-parallel workers of a Ray Train run
     num_cpus: float  # per worker
     num_gpus: float  # per worker
+    memory_gb: float = 0.0  # host memory reserved per worker (Ray's `memory` resource); 0 = none
 
     @property
     def total(self) -> str:
         gpus = f", {self.num_gpus:g} GPUs" if self.num_gpus else ""
-        return f"{self.workers} worker(s) of {self.num_cpus:g} CPUs{gpus} ({self.device})"
+        memory = f", {self.memory_gb:g} GiB" if self.memory_gb else ""
+        return f"{self.workers} worker(s) of {self.num_cpus:g} CPUs{gpus}{memory} ({self.device})"
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 2**30)
 
 
 def placement(spec: RunSpec, device: str = "auto", workers: int | None = None) -> Placement:
@@ -88,7 +94,7 @@ def placement(spec: RunSpec, device: str = "auto", workers: int | None = None) -
     if count < 1:
         raise ValueError(f"--workers must be >= 1, got {count}")
     get_task(spec.task).check_workers(count)
-    return Placement(chosen, count, res.num_cpus, gpus)
+    return Placement(chosen, count, res.num_cpus, gpus, res.memory_gb)
 
 
 def run_in_worker(spec_json: dict, run_dir: str, where: Placement, data_root: str | None, clock,
@@ -114,7 +120,7 @@ def run_in_worker(spec_json: dict, run_dir: str, where: Placement, data_root: st
 
         result = execute_distributed(spec, folder, where.workers, where.device, data_root, progress=False,
                                      checkpoint_every=checkpoint_every, max_failures=max_failures,
-                                     cpus_per_worker=where.num_cpus)
+                                     cpus_per_worker=where.num_cpus, memory_per_worker=where.memory_bytes)
     else:
         result = execute(spec, folder, device=where.device, data_root=data_root, progress=False,
                          checkpoint_every=checkpoint_every)
@@ -188,7 +194,7 @@ def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int 
         res = task.resources_for(spec.preset)
         cpus, gpus = cpus + where.num_cpus * where.workers, gpus + where.num_gpus * where.workers
         dataset = getattr(task.make_config(spec.preset, spec.overrides), "dataset", None)
-        mem = f", {res.memory_gb:g} GiB" if res.memory_gb else ""
+        mem = f", {where.memory_gb:g} GiB" if where.memory_gb else ""
         if res.throughput is not None and where.num_gpus:
             hours = res.throughput.gpu_hours(tflops)
             gpu_hours += hours
@@ -199,7 +205,7 @@ def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int 
             unestimated += 1
         where_ok = []
         for name, cluster in nodes.items():
-            ok, why = fits(cluster, where.workers, where.num_cpus, where.num_gpus, res.memory_gb)
+            ok, why = fits(cluster, where.workers, where.num_cpus, where.num_gpus, where.memory_gb)
             refused[name] += not ok
             where_ok.append(f"{name}: {'fits' if ok else why}")
         lines.append(f"  {spec.label():40s} {where.workers} x ({where.num_cpus:g} CPUs, {where.num_gpus:g} GPUs{mem}, "
@@ -459,11 +465,15 @@ def check_feasible(specs: list[RunSpec], places: dict[str, Placement], nodes: li
     """Refuse runs that the alive nodes cannot host (e.g. a GPU preset on a CPU-only machine; more data-parallel
     workers than fit), naming what there is."""
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
-    have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs" for r in alive) or "no nodes"
+    memory = any(places[spec.run_id].memory_bytes for spec in specs)  # shown when a run reserves memory
+    have = "; ".join(f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs"
+                     + (f", {r.get('memory', 0) / 2**30:.3g} GiB" if memory else "") for r in alive) or "no nodes"
     for spec in specs:
         need = places[spec.run_id]
         fits = sum(int(min(r.get("CPU", 0) // need.num_cpus if need.num_cpus else need.workers,
-                           r.get("GPU", 0) // need.num_gpus if need.num_gpus else need.workers)) for r in alive)
+                           r.get("GPU", 0) // need.num_gpus if need.num_gpus else need.workers,
+                           r.get("memory", 0) // need.memory_bytes if need.memory_bytes else need.workers))
+                   for r in alive)
         if fits < need.workers:
             raise ValueError(f"run {spec.label()} needs {need.total}, but the cluster's nodes have: {have}. Use a "
                              "smaller preset, fewer --workers, or on an autoscaling cluster pass --wait-for-resources")
@@ -482,7 +492,9 @@ def run_specs(ray, todo: list[RunSpec], places: dict[str, Placement], store: Sto
         task, where = get_task(spec.task), places[spec.run_id]
         # a data-parallel run's own task only drives Ray Train, whose workers hold the resources
         cpus, gpus = (0, 0) if where.workers > 1 else (where.num_cpus, where.num_gpus)
-        ref = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, name=spec.label()).remote(
+        memory = {"memory": where.memory_bytes} if where.memory_bytes and where.workers == 1 else {}
+        ref = remote.options(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, name=spec.label(),
+                             **memory).remote(
             spec.to_json(), str(store.run_dir(spec.run_id).resolve()), where, data_root, clock, checkpoint_every,
             max_retries, run_uri(storage, store.root.name, spec.run_id) if storage else None)
         pending[ref] = spec
