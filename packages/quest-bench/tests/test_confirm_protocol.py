@@ -181,3 +181,7 @@ def test_verdicts_and_the_forest_plot_across_two_tasks(tmp_path):
         row = next(line for line in verdicts.splitlines() if line.startswith(f"| {task} (tiny) | quest | 10 |"))
         assert row.split("|")[-2].strip().startswith("better: Δ +0.0") and row.endswith("* |")
     assert "## Across domains: primary metric" in text and (folder / "forest-primary.png").is_file()
+    summary = text.split("## Summary: Δ vs softmax")[1].split("\n## ")[0]  # the same rule marks the summary
+    for task in ("taska", "taskb"):
+        row = next(line for line in summary.splitlines() if line.startswith(f"| {task} (tiny)"))
+        assert "(t p " in row and row.endswith("* |")

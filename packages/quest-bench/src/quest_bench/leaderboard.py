@@ -456,10 +456,11 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
 
 def delta_text(delta: dict | None, binary: bool) -> str:
     """The Δ vs softmax cell: per-pair differences and the exact p-value for n < 5, a t interval for n ≥ 5; McNemar
-    for binary outcomes; '*' when significant after Holm's correction (p < 0.05)."""
+    for binary outcomes; '*' when a binary outcome is significant after Holm's correction (p < 0.05). Continuous
+    metrics get no mark here: the decision rule marks them, in the Summary and Verdicts sections."""
     if not delta or not delta["n_pairs"]:
         return "—"
-    n, mark = delta["n_pairs"], " *" if delta.get("p_holm", math.nan) < 0.05 else ""
+    n, mark = delta["n_pairs"], " *" if binary and delta.get("p_holm", math.nan) < 0.05 else ""
     corrected = delta.get("p_holm", math.nan)
     sampled = delta.get("p_floor")  # a Monte-Carlo p: "p ≤ floor" at its floor
     tests = (format_p(delta["p"], sampled) if sampled else f"p={delta['p']:.3g}") + (
@@ -528,11 +529,14 @@ def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dic
         return []
     lines = ["## Summary: Δ vs softmax", "",
              f"Mean paired difference of each task's primary metric to `{BASELINE}` (Δ > 0 is better where higher is "
-             "better), its Holm-corrected p-value and the number of pairs n; * = significant at 0.05 after "
-             "correction; — = no pairs. The task sections below give the test used and the per-pair values."
+             "better), its Holm-corrected p-value and the number of pairs n; — = no pairs. With n ≥ 10 the decision "
+             "rule's t p, Holm-corrected over the page, and * = significant by it (the Verdicts section); with fewer "
+             "pairs the sign-flip p, Holm-corrected per task, and no mark (binary metrics: McNemar, * after Holm). "
+             "The task sections below give the test used and the per-pair values."
              + (" Tuned suite: each variant at its own best cell (chosen on validation), paired on the seed."
                 if tuned_deltas else ""), "",
              "| task | primary | " + " | ".join(map(md, others)) + " |", "|---|---|" + "---|" * len(others)]
+    rule = meta.decide_page(boards, tuned_deltas or {})  # the decision rule (docs/statistics.md)
     for b in boards:
         deltas = (tuned_deltas or {}).get(b.title) or {r["variant"]: r.get("delta") for r in b.rows()}
         cells = []
@@ -541,7 +545,12 @@ def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dic
             if not d or not d["n_pairs"]:
                 cells.append("—")
                 continue
-            mark = " *" if d.get("p_holm", math.nan) < 0.05 else ""
+            decided = rule.get((b.title, v), {})
+            if decided.get("verdict", "no verdict") != "no verdict":
+                cells.append(f"{d['mean']:+.3f} (t p {decided['p_holm']:.2g}, n={d['n_pairs']})"
+                             + (" *" if decided["mark"] else ""))
+                continue
+            mark = " *" if b.binary and d.get("p_holm", math.nan) < 0.05 else ""
             cells.append(f"{d['mean']:+.3f} (p {d['p_holm']:.2g}, n={d['n_pairs']}){mark}")
         lines.append(f"| {md(b.title)} | {md(b.primary)} {'↑' if b.higher else '↓'} | " + " | ".join(cells) + " |")
     return lines + [""]
@@ -617,10 +626,11 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
     lines += [f"{total} runs. n = finished runs per variant (seeds × grid cells); means ± sample std (no std for "
               f"n < 2). Δ vs `{BASELINE}`: mean paired difference on the same seed and overrides; for n < 5 the "
               "per-pair differences and an exact sign-flip p-value, for n ≥ 5 also a t 95% interval; binary outcomes "
-              "use an exact McNemar test; p-values Holm-corrected over each task's variants, * = significant at 0.05 "
-              "after correction (with n pairs the smallest sign-flip p is 2/2^n, 0.25 at n = 3: fewer than 6 pairs "
-              "can never be significant). Diverged and failed runs are counted beside the means and as failures in "
-              "success rates.", ""]
+              "use an exact McNemar test (* = significant at 0.05 after Holm's correction over the task's variants); "
+              "p-values Holm-corrected over each task's variants (with n pairs the smallest sign-flip p is 2/2^n, "
+              "0.25 at n = 3). Continuous metrics are decided by one rule, in the Summary and Verdicts sections: "
+              "with n ≥ 10 pairs the paired t test, Holm-corrected over the page (docs/statistics.md). Diverged "
+              "and failed runs are counted beside the means and as failures in success rates.", ""]
     lines += summary_table(boards, at_best)
     possible, needed, most = win_rate_possible(boards)
     if wins and not few and not possible:

@@ -145,6 +145,14 @@ def comparisons(boards, deltas: dict[str, dict[str, dict]]) -> dict[tuple[str, s
     return out
 
 
+def decide_page(boards, deltas: dict[str, dict[str, dict]]) -> dict[tuple[str, str], dict]:
+    """``stats.decide`` over every comparison on the page (``comparisons``), by (board title, variant)."""
+    from quest_bench.stats import decide
+
+    comps = comparisons(boards, deltas)
+    return decide({k: d for k, (d, _) in comps.items()}, {k: h for k, (_, h) in comps.items()})
+
+
 def verdict_section(comps: dict[tuple[str, str], tuple[list[float], bool]], source: str) -> list[str]:
     """The decision rule (``stats.decide``) over every comparison on the page, as a table."""
     from quest_bench.leaderboard import md
