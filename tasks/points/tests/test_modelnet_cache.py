@@ -8,22 +8,6 @@ from torch_geometric.datasets import ModelNet
 
 from quest_points import data as D
 
-CUBE_OFF = "OFF\n8 6 0\n" + "".join(f"{x} {y} {z}\n" for x in (0, 1) for y in (0, 1) for z in (0, 1)) + \
-    "4 0 1 3 2\n4 4 6 7 5\n4 0 4 5 1\n4 2 3 7 6\n4 0 2 6 4\n4 1 5 7 3\n"
-CLASSES = ["bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table", "toilet"]
-
-
-@pytest.fixture
-def modelnet10(tmp_path, monkeypatch):
-    monkeypatch.setattr(D, "CACHE", tmp_path / "cache")
-    for name in CLASSES:
-        for split, count in (("train", 2), ("test", 1)):
-            for i in range(count):
-                path = tmp_path / "data" / "ModelNet10" / name / split / f"{name}_{i:04d}.off"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(CUBE_OFF)
-    return tmp_path / "data"
-
 
 def counting_process(log):
     """ModelNet.process, noting each call in ``log``."""

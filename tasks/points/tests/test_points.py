@@ -142,27 +142,13 @@ def test_unknown_corruption_and_dataset_fail_with_the_valid_ones():
         load("modelnet40", None)
 
 
-CUBE_OFF = "OFF\n8 6 0\n" + "".join(f"{x} {y} {z}\n" for x in (0, 1) for y in (0, 1) for z in (0, 1)) + \
-    "4 0 1 3 2\n4 4 6 7 5\n4 0 4 5 1\n4 2 3 7 6\n4 0 2 6 4\n4 1 5 7 3\n"
-
-
-def test_modelnet_layout_loads_through_pyg(tmp_path, monkeypatch):
-    from torch_geometric.datasets import ModelNet
-
-    monkeypatch.setattr("quest_points.data.CACHE", tmp_path / "cache")
-    classes = ModelNet.class_names if hasattr(ModelNet, "class_names") else None
-    names = classes or ["bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table", "toilet"]
-    for name in names:
-        for split, count in (("train", 2), ("test", 1)):
-            for i in range(count):
-                path = tmp_path / "data" / "ModelNet10" / name / split / f"{name}_{i:04d}.off"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(CUBE_OFF)
-    data = load("modelnet10", str(tmp_path / "data"), num_points=64)
-    assert data.train_x.shape == (20, 64, 3) and data.test_x.shape == (10, 64, 3)
-    assert sorted(data.train_y.tolist()) == sorted(list(range(10)) * 2) and data.classes == sorted(names)
+def test_modelnet_layout_loads_through_pyg(modelnet10):  # the fixture: tasks/points/tests/conftest.py
+    data = load("modelnet10", str(modelnet10), num_points=64)
+    classes = sorted(p.name for p in (modelnet10 / "ModelNet10").iterdir())
+    assert data.train_x.shape == (20, 64, 3) and data.test_x.shape == (10, 64, 3) and len(classes) == 10
+    assert sorted(data.train_y.tolist()) == sorted(list(range(10)) * 2) and data.classes == classes
     assert data.train_x.norm(dim=-1).amax() <= 1 + 1e-5
-    assert not list((tmp_path / "data").rglob("processed"))  # the cache is outside the data root
+    assert not list(modelnet10.rglob("processed"))  # the cache is outside the data root
 
 
 def test_scanobjectnn_layout_loads(tmp_path):
