@@ -9,6 +9,7 @@ from core_helpers import rand
 from torch import nn
 
 import quest_core as qc
+from quest_core.surgery import probe_attention
 
 timm = pytest.importorskip("timm")
 from timm.models.cait import ClassAttn  # noqa: E402
@@ -243,16 +244,20 @@ def test_attention_attribute_holding_qkv_is_reported_by_name():
     assert "attribute 'attn'" in report.left[0][2] and "q/k/v projections" in report.left[0][2]
 
 
-def test_the_probe_leaves_rng_training_flags_and_weights_as_they_were():
+def test_the_probe_leaves_rng_training_flags_weights_and_buffers_as_they_were():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), MyBlock(16), nn.BatchNorm1d(4))
+    model = nn.Sequential(nn.Linear(8, 16), MyBlock(16), GPSA(16, num_heads=4), nn.BatchNorm1d(4))
     model.train()
     model[0].eval()
+    flags = [m.training for m in model.modules()]
+    buffers = dict(model.named_buffers())  # GPSA's forward re-assigns its (non-persistent) relative-position cache
     state = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.random.get_rng_state()
-    found = qc.surgery.probe_attention(model)
-    assert found == {"1": "softmax over a product of two activations (q·kᵀ)"}
+    found = probe_attention(model)
+    assert found == {"1": "softmax over a product of two activations (q·kᵀ)",
+                     "2": "softmax over a product of two activations (q·kᵀ)"}
     assert torch.equal(torch.random.get_rng_state(), rng)
-    assert [m.training for m in model.modules()] == [True, False, True, True, True, True, True, True, True]
+    assert [m.training for m in model.modules()] == flags and model.training and not model[0].training
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())  # BatchNorm statistics included
+    assert all(b is buffers[name] for name, b in model.named_buffers())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -250,6 +250,7 @@ def probe_attention(model: nn.Module, skip=lambda path: False) -> dict[str, str]
     constants = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
     stack: list[str] = []
     hooks = []
+
     def enter(path: str) -> None:
         stack.append(path)  # hooks return None: the module's inputs and output stay as they are
 
@@ -261,6 +262,7 @@ def probe_attention(model: nn.Module, skip=lambda path: False) -> dict[str, str]
         hooks.append(m.register_forward_pre_hook(lambda _m, _args, path=path: enter(path)))
         hooks.append(m.register_forward_hook(lambda _m, _args, _out: leave(), always_call=True))
     training = {path: m.training for path, m in modules.items()}
+    buffers = {path: dict(m._buffers) for path, m in modules.items()}  # forwards may re-assign caches (ConViT)
     cuda = sorted({t.device.index or 0 for t in model.parameters() if t.device.type == "cuda"})
     found: dict[str, str] = {}
     try:
@@ -286,4 +288,6 @@ def probe_attention(model: nn.Module, skip=lambda path: False) -> dict[str, str]
             hook.remove()
         for path, m in modules.items():
             m.training = training[path]
+            m._buffers.clear()
+            m._buffers.update(buffers[path])
     return found
