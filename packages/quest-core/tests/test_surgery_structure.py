@@ -106,7 +106,8 @@ def test_converted_gpsa_mixes_quest_content_with_timms_positional_attention_in_f
     rows, cols = rows.flatten().double(), cols.flatten().double()
     dx, dy = cols[None, :] - cols[:, None], rows[None, :] - rows[:, None]
     rel_nn3 = torch.stack([dx, dy, dx ** 2 + dy ** 2], dim=-1)
-    pos_hnn = torch.softmax(nn.functional.linear(rel_nn3, attn.pos_proj.weight, attn.pos_proj.bias).permute(2, 0, 1), -1)
+    pos_nnh = nn.functional.linear(rel_nn3, attn.pos_proj.weight, attn.pos_proj.bias)
+    pos_hnn = torch.softmax(pos_nnh.permute(2, 0, 1), dim=-1)
     gate_h11 = torch.sigmoid(attn.gating_param).view(4, 1, 1)
     mixed = (1 - gate_h11) * quest_probs(q, k) + gate_h11 * pos_hnn
     expected = nn.functional.linear(merge_heads(mixed @ v), attn.proj.weight, attn.proj.bias)
