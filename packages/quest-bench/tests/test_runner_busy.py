@@ -36,7 +36,9 @@ def test_startup_settings_free_the_agent_port_scale_ray_s_waits_and_are_undone(m
     before, get_node = parameter.RayParams, services.get_node
     assert before().dashboard_agent_listen_port == 52365  # Ray's fixed default, which two instances cannot share
     with sweep.startup_settings(123.0):
-        assert parameter.RayParams().dashboard_agent_listen_port == 0  # the agent binds a free port
+        params = parameter.RayParams(metrics_export_port=None)  # as ray.init passes it
+        ports = [getattr(params, key) for key in sweep.AGENT_PORTS]
+        assert len(set(ports)) == 4 and 52365 not in ports and all(p > 0 for p in ports)  # free, distinct
         assert parameter.RayParams(dashboard_agent_listen_port=4242).dashboard_agent_listen_port == 4242
         assert os.environ["RAY_agent_register_timeout_ms"] == "123000"
         assert os.environ["RAY_gcs_server_port_wait_time_s"] == "123"

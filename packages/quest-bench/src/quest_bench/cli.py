@@ -206,7 +206,10 @@ def cmd_run(args) -> int:
 
     check_run_options(args)
 
+    from quest_bench.registry import check_data
+
     spec = resolve(spec_from_args(args))
+    check_data([spec], args.data_root)  # before a folder is written or Ray starts
     check_device(args.device)
     from quest_bench.registry import get_task
 
@@ -336,6 +339,10 @@ def cmd_sweep(args) -> int:
         print(dry_run(suite, Path(args.results), args.device, args.workers, args.data_root, args.cluster,
                       args.gpu_tflops))
         return 0
+    from quest_bench.registry import check_data
+
+    # before Ray starts; a remote cluster's workers may see other folders than this machine
+    check_data(suite.specs, args.data_root, look=not (args.address or os.environ.get("RAY_ADDRESS")))
     if args.device == "cuda" and not (args.address or os.environ.get("RAY_ADDRESS")):
         check_device("cuda")  # a local sweep: this machine must have one
     counts = run_sweep(suite, Path(args.results), address=args.address, data_root=args.data_root,

@@ -59,3 +59,19 @@ def canonical_overrides(task: Task, overrides: dict) -> dict:
     """Overrides in their config fields' types (``quest_sdk.config.typed_values``), the form a run_id is computed
     from: ``--set lr=3e-3``, a suite's ``lr: 3e-3`` and ``lr: 0.003`` are one value, one run, one grid cell."""
     return typed_values(task.config_class, dict(overrides), f"task {task.name!r}")
+
+
+def check_data(specs, data_root: str | None, look: bool = True) -> None:
+    """``Task.check_data`` for each distinct (task, preset, overrides) of ``specs``, before anything runs: a missing or
+    malformed data root, or one the chosen dataset ignores, is a ``ValueError`` naming the run and what to do.
+    ``look=False`` (a remote cluster, whose workers see another filesystem) skips looking inside the folder."""
+    import json
+
+    seen = set()
+    for spec in specs:
+        key = (spec.task, spec.preset, json.dumps(spec.overrides, sort_keys=True, default=str))
+        if key in seen:
+            continue
+        seen.add(key)
+        task = get_task(spec.task)
+        task.check_data(task.make_config(spec.preset, spec.overrides), data_root, look)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import signal
 import socket
@@ -354,11 +355,30 @@ def startup_wait_s(attempt: int = 0) -> float:
     return min(STARTUP_WAIT_MAX_S, STARTUP_WAIT_S * max(1.0, load) * (1 + attempt))
 
 
+def free_ports(count: int = 1) -> list[int]:
+    """``count`` distinct TCP ports free right now (the components that get them bind them within seconds; a port
+    taken in between fails the start, which ``start_local_ray`` tries once more with new ports)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port() -> int:
-    """A loopback TCP port free right now (the component that gets it binds it within seconds)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+# The agent ports ``ray.init`` does not take (``ray start`` does). Left unset, the dashboard agent's HTTP port is
+# the fixed 52365, which a second instance on the machine cannot bind, and the others are bound by the agents and
+# reported through files that the raylet waits for only briefly, a fixed 15 s (a raylet under load dies with
+# "Timed out waiting for file .../metrics_agent_port_<node>" while the agent is still importing). With every port
+# given, and the HTTP port passed to the raylet too (``ray.init`` leaves its --dashboard_agent_listen_port out),
+# the raylet waits for no file.
+AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_port", "dashboard_agent_listen_port")
 
 
 @contextmanager
@@ -366,9 +386,8 @@ def startup_settings(wait_s: float):
     """What a local Ray instance needs to start beside other instances on a busy machine, for the time of
     ``ray.init`` only:
 
-    - every port free or chosen by its component: ``ray.init`` takes no dashboard-agent port and Ray's default is the
-      fixed 52365, which a second instance on the machine cannot bind (its raylet then gives up on the agent), so
-      the agent gets port 0 (it binds a free one and reports it; ``dashboard/agent.py``);
+    - every port free: the GCS, raylet and object manager bind their own; the agents get free ports chosen here
+      (``AGENT_PORTS``), and the dashboard process one passed to ``ray.init``;
     - Ray's start-up waits scaled to ``wait_s``: the GCS port (``RAY_gcs_server_port_wait_time_s``), the agents'
       registration with the raylet (``RAY_agent_register_timeout_ms``), worker registration
       (``RAY_worker_register_timeout_seconds``), the dashboard process (``RAY_DASHBOARD_STARTUP_TIMEOUT_S``) and the
@@ -387,12 +406,13 @@ def startup_settings(wait_s: float):
              "RAY_worker_register_timeout_seconds": str(int(max(60.0, wait_s)))}
     saved_env = {k: os.environ.get(k) for k in knobs}
     saved = (parameter.RayParams, services.get_node, ray_utils.set_sigterm_handler,
-             ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S)
-    base_params, base_get_node = saved[0], saved[1]
+             ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S, services.start_ray_process)
+    base_params, base_get_node, base_start = saved[0], saved[1], saved[4]
 
     class FreePortParams(base_params):
         def __init__(self, *args, **kwargs):
-            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            unset = [key for key in AGENT_PORTS if not kwargs.get(key)]
+            kwargs.update(zip(unset, free_ports(len(unset))))
             super().__init__(*args, **kwargs)
 
     def patient_get_node(*args, **kwargs):
@@ -405,15 +425,23 @@ def startup_settings(wait_s: float):
                     raise
                 time.sleep(0.5)
 
+    def start_telling_the_raylet(command, process_type, *args, **kwargs):
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            port = re.search(r"--listen-port=(\d+)", " ".join(command))
+            if port and int(port.group(1)):
+                command = [*command, f"--dashboard_agent_listen_port={port.group(1)}"]
+        return base_start(command, process_type, *args, **kwargs)
+
     os.environ.update(knobs)
     parameter.RayParams, services.get_node = FreePortParams, patient_get_node
+    services.start_ray_process = start_telling_the_raylet
     ray_utils.set_sigterm_handler = lambda handler: None
     ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S = int(wait_s)
     try:
         yield
     finally:
         (parameter.RayParams, services.get_node, ray_utils.set_sigterm_handler,
-         ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S) = saved
+         ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S, services.start_ray_process) = saved
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -446,7 +474,7 @@ def start_local_ray(ray, attempts: int = 2, **kwargs) -> None:
             ray.shutdown()
     load = os.getloadavg()[0]
     raise RayStartError(f"could not start a local Ray instance ({attempts} tries; the last waited up to "
-                        f"{startup_wait_s(attempts - 1):.0f} s per step, load average {load:.1f} on "
+                        f"{wait_s:.0f} s per step, load average {load:.1f} on "
                         f"{os.cpu_count()} cores): {problem} Try again when the machine is less busy, or start Ray "
                         "yourself (`ray start --head`) and pass --address (Ray's logs: "
                         f"{Path(os.environ.get('RAY_TMPDIR') or tempfile.gettempdir()) / 'ray' / 'session_latest' / 'logs'})")

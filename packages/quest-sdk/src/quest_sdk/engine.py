@@ -96,11 +96,36 @@ class TrainSpec:
     log_every: int = 10  # telemetry + one events.jsonl row every this many steps (and at the first and last)
     telemetry_queries: int | None = 64  # queries per layer the telemetry looks at (None = all)
 
+    @classmethod
+    def from_config(cls, config, steps: int, steps_per_epoch: float = 0.0, **fields) -> "TrainSpec":
+        """The spec of a task config with ``lr`` and ``weight_decay`` for a run of ``steps`` optimizer steps, its
+        warm-up by ``warmup_steps_for`` (the one rule of every task); ``fields`` set the other settings."""
+        return cls(steps=steps, lr=config.lr, weight_decay=config.weight_decay,
+                   warmup_steps=warmup_steps_for(config, steps, steps_per_epoch), **fields)
+
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError(f"training needs at least 1 step, got steps={self.steps}")
         if not 0 <= self.warmup_steps <= self.steps:
             raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}")
+
+
+def warmup_steps_for(config, steps: int, steps_per_epoch: float = 0.0) -> int:
+    """The warm-up of every task, in optimizer steps: the config's ``warmup_steps``, ``warmup_epochs`` (times
+    ``steps_per_epoch``, rounded down) or ``warmup_frac`` (of ``steps``, at least 1), clamped to the run, so that
+    a run shortened below its preset's warm-up (``--set epochs=2`` at ``paper``) warms up throughout instead of
+    failing. A config without a warm-up key has none."""
+    if hasattr(config, "warmup_steps"):
+        warmup = int(config.warmup_steps)
+    elif hasattr(config, "warmup_epochs"):
+        if not steps_per_epoch > 0:
+            raise ValueError("a warm-up in epochs (warmup_epochs) needs the steps per epoch")
+        warmup = int(config.warmup_epochs * steps_per_epoch)
+    elif hasattr(config, "warmup_frac"):
+        warmup = max(1, int(config.warmup_frac * steps))
+    else:
+        warmup = 0
+    return max(0, min(steps, warmup))
 
 
 class Watcher(Protocol):

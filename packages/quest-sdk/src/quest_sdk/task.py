@@ -188,7 +188,8 @@ class Task(abc.ABC):
                 others = ([d for d in fields_choices(config, "dataset") if d not in self.shipped_datasets]
                           if dataset is not None else [])
                 hint = (f"; to train on data from there set dataset= one of {', '.join(others)} (--set dataset=...)"
-                        if others else "; leave --data-root out")
+                        if others else "; leave --data-root out" if dataset is None else
+                        "; leave --data-root out, or set dataset= to one read from there (--set dataset=...)")
                 raise ValueError(f"--data-root {data_root} is given, but task {self.name!r} reads nothing from it: "
                                  f"{what}{hint}")
             return
@@ -200,7 +201,10 @@ class Task(abc.ABC):
         root = Path(data_root)
         if not root.is_dir():
             raise ValueError(f"--data-root {data_root} is not a folder; expected under it: {self.data_layout(config)}")
-        self.check_layout(config, root)
+        try:
+            self.check_layout(config, root)
+        except FileNotFoundError as err:  # a data module's own finder: its message names the layout
+            raise ValueError(f"task {self.name!r}, dataset {dataset!r}: {err}") from None
 
     @abc.abstractmethod
     def run(self, config: Any, ctx: "RunContext") -> TaskOutput:

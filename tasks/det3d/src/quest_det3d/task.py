@@ -87,6 +87,18 @@ class Det3dTask(Task):
                          "20 epochs x nuScenes' 28,130 training samples; the 4 x 256 transformer over the 64 x 64 "
                          "stride-8 BEV tokens (pillar encoder and BEV CNN not counted: a lower bound)"))}
 
+    shipped_datasets = ("sim",)
+
+    def data_layout(self, cfg: Det3dConfig) -> str:
+        version = "v1.0-mini" if cfg.dataset == "nuscenes-mini" else "v1.0-trainval"
+        return (f"nuscenes/{version}/*.json, nuscenes/samples/LIDAR_TOP/" + (", nuscenes/sweeps/LIDAR_TOP/"
+                if cfg.sweeps > 1 else "") + " (the official nuScenes layout; the nuscenes/ level is optional)")
+
+    def check_layout(self, cfg: Det3dConfig, root) -> None:
+        from quest_det3d.data import nuscenes_root
+
+        nuscenes_root(root, "v1.0-mini" if cfg.dataset == "nuscenes-mini" else "v1.0-trainval", cfg.sweeps)
+
     def run(self, cfg: Det3dConfig, ctx) -> TaskOutput:
         from quest_det3d.experiment import run  # torch and the task's stack load only here
 

@@ -131,3 +131,79 @@ def eval_transform(dataset: str, img_size: int):
         return transforms.Compose([transforms.Resize(int(img_size / 0.875), interpolation=transforms.InterpolationMode.BICUBIC),
                                    transforms.CenterCrop(img_size), transforms.ToTensor()])
     return transforms.ToTensor()
+
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+LAYOUTS = {"cifar10": "cifar-10-batches-py/{data_batch_1..5,test_batch} (cifar-10-python.tar.gz, unpacked there)",
+           "cifar100": "cifar-100-python/{train,test,meta} (cifar-100-python.tar.gz, unpacked there)",
+           "imagenet": "train/<wnid>/*.JPEG and val/<wnid>/*.JPEG (a flat val/ as ILSVRC2012_img_val.tar unpacks is "
+                       "sorted into class folders by `python -m quest_image_cls.data arrange-val ROOT LABELS`)"}
+
+
+def check_root(dataset: str, root: Path) -> None:
+    """A ``ValueError`` naming the expected layout when ``root`` does not hold ``dataset`` (names only)."""
+    expected = f"expected under {root}: {LAYOUTS[dataset]}"
+    if dataset.startswith("cifar"):
+        folder, files = ((root / "cifar-10-batches-py", ["data_batch_1", "test_batch"]) if dataset == "cifar10"
+                         else (root / "cifar-100-python", ["train", "test"]))
+        missing = [f for f in files if not (folder / f).is_file()]
+        if missing:
+            raise ValueError(f"{dataset}: no {', '.join(missing)} in {folder}; {expected}")
+        return
+    for split in ("train", "val"):
+        folder = root / split
+        if not folder.is_dir():
+            raise ValueError(f"imagenet: no folder {folder}; {expected}")
+        flat = next((p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES), None)
+        if flat is not None:
+            raise ValueError(f"imagenet: {folder} holds images directly ({flat.name}, ...), not in class folders: "
+                             f"sort them with `python -m quest_image_cls.data arrange-val {root} LABELS`, where LABELS "
+                             "is LOC_val_solution.csv (from the Kaggle ImageNet download) or a text file of "
+                             "'<image file> <wnid>' lines")
+        if not any(p.is_dir() for p in folder.iterdir()):
+            raise ValueError(f"imagenet: {folder} has no class folders; {expected}")
+
+
+def read_val_labels(path: Path) -> dict[str, str]:
+    """Image file stem -> wnid, from Kaggle's LOC_val_solution.csv (``ImageId,PredictionString`` whose first word is
+    the wnid) or from lines ``<image file> <wnid>``."""
+    labels = {}
+    for n, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip() or (n == 0 and line.startswith("ImageId")):
+            continue
+        parts = line.replace(",", " ").split()
+        if len(parts) < 2 or not parts[1].startswith("n"):
+            raise ValueError(f"{path}, line {n + 1}: expected '<image> <wnid> ...' (LOC_val_solution.csv or "
+                             f"'<image file> <wnid>' lines), got {line[:80]!r}")
+        labels[Path(parts[0]).stem] = parts[1]
+    return labels
+
+
+def arrange_val(root: Path, labels_file: Path) -> int:
+    """Move the images of a flat ``root/val`` into ``root/val/<wnid>/`` (ImageFolder's layout); returns how many moved.
+    Every image must have a label; nothing moves otherwise."""
+    folder = Path(root) / "val"
+    labels = read_val_labels(labels_file)
+    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    unlabelled = [p.name for p in images if p.stem not in labels]
+    if unlabelled:
+        raise ValueError(f"{len(unlabelled)} images in {folder} have no label in {labels_file} (e.g. {unlabelled[0]})")
+    for path in images:
+        (folder / labels[path.stem]).mkdir(exist_ok=True)
+        path.rename(folder / labels[path.stem] / path.name)
+    return len(images)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m quest_image_cls.data")
+    sub = parser.add_subparsers(dest="command", required=True)
+    arrange = sub.add_parser("arrange-val", help="sort a flat ImageNet val/ folder into <wnid>/ class folders")
+    arrange.add_argument("root", type=Path, help="the ImageNet folder holding val/")
+    arrange.add_argument("labels", type=Path, help="LOC_val_solution.csv, or lines '<image file> <wnid>'")
+    args = parser.parse_args()
+    try:
+        print(f"moved {arrange_val(args.root, args.labels)} images into {args.root / 'val'}/<wnid>/")
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None

@@ -131,8 +131,7 @@ def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx) -> int:
 
     per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, "training images")
     steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                            warmup_steps=int(cfg.warmup_epochs * per_epoch), amp=cfg.amp,
+    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps, per_epoch, amp=cfg.amp,
                                             log_every=cfg.log_every), "image-cls")
     sampler = trainer.epoch_batches(len(train_set), cfg.batch_size)
     mixup = (Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,

@@ -80,6 +80,18 @@ class ImageClsTask(Task):
                          "300 epochs x ImageNet-1k's 1,281,167 training images less the 1% validation split; ViT-Ti "
                          "at 197 tokens (6 N T with attention; data loading and evaluation not counted)"))}
 
+    shipped_datasets = ("digits",)
+
+    def data_layout(self, cfg: ImageClsConfig) -> str:
+        from quest_image_cls.data import LAYOUTS
+
+        return LAYOUTS[cfg.dataset]
+
+    def check_layout(self, cfg: ImageClsConfig, root) -> None:
+        from quest_image_cls.data import check_root
+
+        check_root(cfg.dataset, root)
+
     def run(self, cfg: ImageClsConfig, ctx) -> TaskOutput:
         from quest_image_cls.experiment import run  # torch and the task's stack load only here
 

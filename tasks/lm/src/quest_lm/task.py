@@ -74,6 +74,20 @@ class LmTask(Task):
                          "200k steps x 60 windows of 512 tokens; 16 x 410 decoder plus the adaptive softmax's head "
                          "cluster (20,000 words + 3 tails), tail clusters not counted"))}
 
+    shipped_datasets = ("wikitext-mini",)
+
+    def data_layout(self, cfg: LmConfig) -> str:
+        return (f"{cfg.dataset}/wiki.{{train,valid,test}}.tokens ({cfg.dataset}-v1.zip unzipped there), or those "
+                "files directly in it")
+
+    def check_layout(self, cfg: LmConfig, root) -> None:
+        from quest_lm.data import find_wikitext
+
+        try:
+            find_wikitext(str(root), cfg.dataset)
+        except FileNotFoundError as err:
+            raise ValueError(f"{err}; expected under {root}: {self.data_layout(cfg)}") from None
+
     def run(self, cfg: LmConfig, ctx) -> TaskOutput:
         from quest_lm.experiment import run  # torch and the task's stack load only here
 

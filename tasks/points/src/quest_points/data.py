@@ -127,3 +127,46 @@ def load_scanobjectnn(root: Path, variant: str) -> PointClouds:
 
 SCANOBJECTNN_CLASSES = ["bag", "bin", "box", "cabinet", "chair", "desk", "display", "door", "shelf", "table", "bed",
                         "pillow", "sink", "sofa", "toilet"]
+
+
+# torch_geometric.datasets.ModelNet downloads ModelNet10.zip unless its raw folder holds these (for ModelNet40 too)
+PYG_MODELNET_RAW = ("bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table", "toilet")
+
+
+def layout(dataset: str, scanobjectnn_split: str = "") -> str:
+    """The files a dataset read from --data-root needs, relative to it."""
+    if dataset.startswith("modelnet"):
+        name = f"ModelNet{dataset[len('modelnet'):]}"
+        return f"{name}/<class>/{{train,test}}/<class>_NNNN.off (Princeton's {name}.zip, unzipped there as it is)"
+    return f"ScanObjectNN/main_split/{{training,test}}_objectdataset{scanobjectnn_split}.h5"
+
+
+def check_root(dataset: str, root: Path, scanobjectnn_split: str = "") -> None:
+    """A ``ValueError`` naming the expected layout when ``root`` does not hold ``dataset`` (names only: nothing is
+    read or downloaded)."""
+    expected = f"expected under {root}: {layout(dataset, scanobjectnn_split)}"
+    if dataset == "scanobjectnn":
+        folder = root / "ScanObjectNN" / "main_split"
+        missing = [p.name for p in (folder / f"{s}_objectdataset{scanobjectnn_split}.h5" for s in ("training", "test"))
+                   if not p.is_file()]
+        if missing:
+            raise ValueError(f"scanobjectnn: no {', '.join(missing)} in {folder}; {expected}")
+        return
+    folder = root / f"ModelNet{dataset[len('modelnet'):]}"
+    if not folder.is_dir():
+        raise ValueError(f"{dataset}: no folder {folder}; {expected}")
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    strays = [c for c in classes if c.startswith(("_", "."))]
+    if strays:
+        raise ValueError(f"{dataset}: {folder} holds {', '.join(strays)}, which is not a class (macOS zip metadata?): "
+                         f"remove it; {expected}")
+    missing = [c for c in PYG_MODELNET_RAW if c not in classes]
+    if missing:
+        raise ValueError(f"{dataset}: no class folder(s) {', '.join(missing)} in {folder}; {expected}")
+    for cls in classes:
+        for split in ("train", "test"):
+            if not next((folder / cls / split).glob(f"{cls}_*.off"), None):
+                found = sorted(p.name for p in (folder / cls / split).glob("*"))[:2] if (folder / cls / split).is_dir() \
+                    else []
+                raise ValueError(f"{dataset}: no {cls}_NNNN.off in {folder / cls / split}"
+                                 + (f" (found e.g. {', '.join(found)})" if found else "") + f"; {expected}")

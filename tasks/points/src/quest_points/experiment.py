@@ -77,8 +77,7 @@ def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tenso
     augmentation (from the step's generator), label smoothing; returns the number of steps."""
     per_epoch = steps_per_epoch(len(x), cfg.batch_size, "training clouds")
     steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                            warmup_steps=int(cfg.warmup_epochs * per_epoch), amp=cfg.amp,
+    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps, per_epoch, amp=cfg.amp,
                                             log_every=cfg.log_every), f"points/{cfg.model}")
 
     def loss_fn(net, idx, rng):

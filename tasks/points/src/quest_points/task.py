@@ -79,6 +79,18 @@ class PointsTask(Task):
                          "300 epochs x ModelNet40's 9,843 training shapes; the 12 x 384 transformer over 64 groups + "
                          "CLS (the group encoder not counted: a lower bound)"))}
 
+    shipped_datasets = ("kicad",)
+
+    def data_layout(self, cfg: PointsConfig) -> str:
+        from quest_points.data import layout
+
+        return layout(cfg.dataset, cfg.scanobjectnn_split)
+
+    def check_layout(self, cfg: PointsConfig, root) -> None:
+        from quest_points.data import check_root
+
+        check_root(cfg.dataset, root, cfg.scanobjectnn_split)
+
     def run(self, cfg: PointsConfig, ctx) -> TaskOutput:
         from quest_points.experiment import run  # torch and the task's stack load only here
 

@@ -60,6 +60,29 @@ class SegmentationTask(Task):
                      "mmseg's 160k iterations x 8 crops of 512 x 512; the ViT-T backbone at 1,024 tokens (the "
                      "mask-transformer decoder not counted: a lower bound)"))}
 
+    shipped_datasets = ("mosaics",)
+
+    def reads_data_root(self, cfg: SegmentationConfig) -> bool:
+        from pathlib import Path
+
+        return super().reads_data_root(cfg) or bool(cfg.pretrained and not Path(cfg.pretrained).is_absolute())
+
+    def data_layout(self, cfg: SegmentationConfig) -> str:
+        parts = (["ADEChallengeData2016/{images,annotations}/{training,validation}/ (ADEChallengeData2016.zip unzipped "
+                  "there)"] if cfg.dataset == "ade20k" else [])
+        return " and ".join(parts + ([cfg.pretrained] if cfg.pretrained else []))
+
+    def check_layout(self, cfg: SegmentationConfig, root) -> None:
+        from pathlib import Path
+
+        from quest_segmentation.data import ade20k_root
+
+        if cfg.dataset == "ade20k":
+            ade20k_root(root)
+        if cfg.pretrained and not Path(cfg.pretrained).is_absolute() and not (root / cfg.pretrained).is_file():
+            raise ValueError(f"pretrained={cfg.pretrained!r}: no file {root / cfg.pretrained} (a relative checkpoint "
+                             "is read from --data-root)")
+
     def run(self, cfg: SegmentationConfig, ctx) -> TaskOutput:
         from quest_segmentation.experiment import run  # torch and the task's stack load only here
 

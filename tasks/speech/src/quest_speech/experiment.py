@@ -106,8 +106,7 @@ def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx, desc:
     (from the step's generator); ``loss_fn(model, wave, lengths, targets)``. Returns the steps run."""
     per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, "training utterances")
     steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                            warmup_steps=max(1, int(cfg.warmup_frac * steps)),
+    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps,
                                             grad_clip=cfg.grad_clip, log_every=cfg.log_every), desc)
 
     def step_loss(net, idx, rng):

@@ -101,6 +101,19 @@ class SpeechCommandsTask(Task):
         50 * 84_843, transformer_train_flops(16, 144, 101 // 4, CONFORMER_MLP_RATIO),
         "50 epochs x Speech Commands v2's 84,843 training clips of 1 s (100 frames, 25 after the 4x subsampler)"))
 
+    shipped_datasets = ("synth",)
+
+    def data_layout(self, cfg: KeywordConfig) -> str:
+        return ("SpeechCommands/speech_commands_v0.02/<word>/*.wav with validation_list.txt and testing_list.txt "
+                "(speech_commands_v0.02.tar.gz unpacked into SpeechCommands/speech_commands_v0.02/)")
+
+    def check_layout(self, cfg: KeywordConfig, root) -> None:
+        folder = root / "SpeechCommands" / "speech_commands_v0.02"
+        missing = [n for n in ("validation_list.txt", "testing_list.txt") if not (folder / n).is_file()]
+        if missing:
+            raise ValueError(f"speechcommands: no {', '.join(missing)} in {folder}; expected under {root}: "
+                             f"{self.data_layout(cfg)}")
+
     def run(self, cfg: KeywordConfig, ctx) -> TaskOutput:
         from quest_speech.experiment import run_speech_commands  # torch and the task's stack load only here
 
@@ -128,6 +141,18 @@ class AsrTask(Task):
         100 * 28_539, transformer_train_flops(16, 144, 1270 // 4, CONFORMER_MLP_RATIO),
         "100 epochs x train-clean-100's 28,539 utterances, 12.7 s on average (1,270 frames, 317 after the 4x "
         "subsampler)"))
+
+    shipped_datasets = ("synth",)
+
+    def data_layout(self, cfg: AsrConfig) -> str:
+        return (f"LibriSpeech/{{{cfg.train_split},{cfg.val_split},{cfg.test_split}}}/<speaker>/<chapter>/*.flac and "
+                "*.trans.txt (the OpenSLR tarballs unpacked there)")
+
+    def check_layout(self, cfg: AsrConfig, root) -> None:
+        missing = [s for s in (cfg.train_split, cfg.val_split, cfg.test_split) if not (root / "LibriSpeech" / s).is_dir()]
+        if missing:
+            raise ValueError(f"librispeech: no split folder(s) {', '.join(missing)} in {root / 'LibriSpeech'}; "
+                             f"expected under {root}: {self.data_layout(cfg)}")
 
     def run(self, cfg: AsrConfig, ctx) -> TaskOutput:
         from quest_speech.experiment import run_asr  # torch and the task's stack load only here

@@ -74,8 +74,7 @@ def train(model: SeriesTransformer, cfg: TimeseriesConfig, data: Series, ctx) ->
     returns the number of steps."""
     per_epoch = steps_per_epoch(len(data), cfg.batch_size, "training series")
     steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                            warmup_steps=int(cfg.warmup_epochs * per_epoch), amp=cfg.amp,
+    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps, per_epoch, amp=cfg.amp,
                                             log_every=cfg.log_every), f"timeseries/{cfg.dataset}")
 
     def loss_fn(net, idx, rng):

@@ -25,7 +25,7 @@ class TimeseriesConfig:
     batch_size: int = param(16, ge=1)
     lr: float = param(1e-3, gt=0)  # AdamW peak, warm-up then cosine to 1 %
     weight_decay: float = param(0.05, ge=0)  # on weight matrices only (quest_sdk.engine.decay_groups)
-    warmup_epochs: float = param(2.0, ge=0)  # linear warm-up, at most epochs
+    warmup_epochs: float = param(2.0, ge=0)  # linear warm-up (longer than the run: the whole run warms up)
     label_smoothing: float = param(0.1, ge=0, lt=1)
     augment: bool = False  # a random crop of 80-100 % of each training series' observed steps
     amp: bool = False  # bfloat16 autocast (CUDA)
@@ -35,8 +35,6 @@ class TimeseriesConfig:
     def __post_init__(self):
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
-        if self.warmup_epochs > self.epochs:
-            raise ValueError(f"warmup_epochs ({self.warmup_epochs:g}) must be <= epochs ({self.epochs})")
 
 
 class TimeseriesTask(Task):
@@ -59,6 +57,17 @@ class TimeseriesTask(Task):
                  "paper": Resources(num_cpus=8, num_gpus=1, memory_gb=8, throughput=Throughput(
                      100 * 6_599, transformer_train_flops(3, 128, 93, 2.0),
                      "100 epochs x SpokenArabicDigits' 6,599 training series of at most 93 steps"))}
+
+    shipped_datasets = ("JapaneseVowels", "BasicMotions")  # in aeon's wheel (quest_timeseries.data.SHIPPED)
+
+    def data_layout(self, cfg: TimeseriesConfig) -> str:
+        return (f"Multivariate_ts/{cfg.dataset}/{cfg.dataset}_{{TRAIN,TEST}}.ts (the UEA archive "
+                "Multivariate2018_ts.zip, unzipped there)")
+
+    def check_layout(self, cfg: TimeseriesConfig, root) -> None:
+        from quest_timeseries.data import ts_files
+
+        ts_files(cfg.dataset, str(root))
 
     def run(self, cfg: TimeseriesConfig, ctx) -> TaskOutput:
         from quest_timeseries.experiment import run  # torch and aeon load only here
