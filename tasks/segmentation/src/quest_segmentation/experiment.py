@@ -72,6 +72,12 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     if cfg.pretrained:
         weights = Path(cfg.pretrained)
         mm_cfg.model.pretrained = str(weights if weights.is_absolute() else Path(ctx.data_root or ".") / weights)
+    if cfg.init_from:  # an image-cls run's ViT, in mmseg's layout (its patch embedding has a bias, mmseg's none)
+        from quest_segmentation.init_from import image_cls_backbone
+
+        weights = image_cls_backbone(Path(cfg.init_from), ctx.variant, Path(ctx.out_dir) / "init_from_image_cls.pth")
+        mm_cfg.model.pretrained = str(weights)
+        mm_cfg.model.backbone.patch_bias = True
     if cfg.batch_size:
         mm_cfg.train_dataloader.batch_size = cfg.batch_size
     if cfg.lr:

@@ -28,11 +28,17 @@ class SegmentationConfig:
     lr: float = param(0.0, ge=0)  # peak learning rate (0 = the config's)
     num_workers: int = param(-1, ge=-1)  # data loader workers (-1 = the config's)
     pretrained: str = ""  # backbone checkpoint (mmseg layout), relative to --data-root or absolute
+    init_from: str = ""  # or: the folder of a finished image-cls run of the same variant, whose ViT starts the
+    # backbone (quest_segmentation.init_from; its size must match the config's backbone)
     val_fraction: float = param(0.1, ge=0, lt=1)  # of the training images, held out (fixed, not the run's seed) for
     # choosing hyper-parameters: val_miou (0 = train on all)
     corruption_samples: int = param(200, ge=0)  # validation images per (corruption, severity); 0 = skip corruptions
     log_every: int = param(20, ge=1)  # telemetry and events.jsonl every this many iterations
     figure_images: int = param(6, ge=0)  # validation images in predictions.png (0 = no figure)
+
+    def __post_init__(self):
+        if self.pretrained and self.init_from:
+            raise ValueError("set pretrained (an mmseg checkpoint) or init_from (an image-cls run), not both")
 
 
 class SegmentationTask(Task):
