@@ -185,3 +185,16 @@ def test_verdicts_and_the_forest_plot_across_two_tasks(tmp_path):
     for task in ("taska", "taskb"):
         row = next(line for line in summary.splitlines() if line.startswith(f"| {task} (tiny)"))
         assert "(t p " in row and row.endswith("* |")
+
+
+def test_a_dry_run_plans_stage_two_once_stage_one_has_finished(tmp_path):
+    suite = load_suite(str(write_suite(tmp_path, "confirm: {seeds: 10}")))
+    results = tmp_path / "results"
+    plan = sweep.dry_run(suite, results)
+    assert "12 to run" in plan and "= 20 runs, planned once every stage-1 run has finished" in plan
+    store = Store(results / "confirmed")
+    for spec in suite.specs:
+        store.write(spec, fake_result(spec))
+    plan = sweep.dry_run(suite, results)
+    assert "= 20 runs, listed below" in plan and "to run: 20 runs" in plan
+    assert "quest/tiny/seed3[lr=0.01," in plan and "softmax/tiny/seed12[lr=0.001," in plan

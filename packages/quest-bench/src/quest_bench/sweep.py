@@ -188,6 +188,15 @@ def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int 
     todo = todo_specs(suite, store)
     lines = [f"suite {suite.name}: {len(suite.specs)} runs, {len(todo)} to run -> {store.root}; data root: "
              f"{data_root or '(none: tasks use their shipped or generated data)'}"]
+    if suite.confirm:  # tune, then confirm (sweep_in_stages): stage 2's cells are known once stage 1 has finished
+        from quest_bench import tuning
+
+        stage_two, _ = tuning.confirmation_specs(suite, store.scan(warn=False)[0])
+        todo = todo or todo_specs(replace(suite, specs=stage_two, confirm=()), store)
+        chosen = len({(s.task, s.preset, s.variant) for s in suite.specs})
+        lines.append(f"stage 2 (confirm): {chosen} chosen cells × {len(suite.confirm)} fresh seeds = "
+                     f"{chosen * len(suite.confirm)} runs, " + ("listed below" if stage_two else
+                                                             "planned once every stage-1 run has finished"))
     cpus = gpus = gpu_hours = 0.0
     unestimated, refused, bases = 0, {name: 0 for name in nodes}, {}
     for spec in todo:
