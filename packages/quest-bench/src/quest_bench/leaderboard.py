@@ -758,7 +758,7 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = 
 
         c = chosen[v]
         scores[v] = mean_std(list(reported[v].by_seed(b.primary).values()))[0] if c else math.nan
-        runs = b.by_variant[v]
+        runs = [r for r in b.by_variant[v] if r.seed not in confirm]  # the search's (stage 1's) runs
         lines.append(" | ".join([
             f"| {md(v)}", mean_of(at_default[v]), delta_text(d_default.get(v), False),
             cell_label(options[v], c), fmt(c.validation) if c else "—",
