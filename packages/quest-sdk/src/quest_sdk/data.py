@@ -47,6 +47,15 @@ def require_data_root(data_root: str | None, dataset: str) -> Path:
     return Path(data_root)
 
 
+def shuffled_class_pools(labels, gen):
+    """The indices of each class of ``labels`` (a 1-D tensor; classes in sorted order), each in a random order drawn
+    from the torch Generator ``gen``: the draw both stratified samplers below take their examples from."""
+    import torch
+
+    return [pool[torch.randperm(len(pool), generator=gen)]
+            for pool in (torch.nonzero(labels == c).flatten() for c in labels.unique())]
+
+
 def stratified_subset(labels, n: int, seed: int):
     """Indices (sorted, int64 tensor) of ``n`` examples balanced over the classes in ``labels`` and drawn at random
     within each class (seeded), for evaluations too costly to run on the whole test set (attacks, corruptions).
@@ -61,9 +70,7 @@ def stratified_subset(labels, n: int, seed: int):
     if n <= 0 or n >= len(labels):
         return torch.arange(len(labels))
     gen = torch.Generator().manual_seed(seed)
-    classes = labels.unique()
-    pools = [torch.nonzero(labels == c).flatten() for c in classes]
-    pools = [pool[torch.randperm(len(pool), generator=gen)] for pool in pools]
+    pools = shuffled_class_pools(labels, gen)
     order = torch.randperm(len(pools), generator=gen).tolist()  # who gets the remainder, and fills up first
     take = [0] * len(pools)
     remaining = n
@@ -84,22 +91,36 @@ SPLIT_SEED = 0  # validation splits are fixed per dataset, never drawn from the 
 
 def validation_split(labels, fraction: float, seed: int = SPLIT_SEED):
     """Sorted (train, validation) index tensors: a class-stratified ``fraction`` of the training examples held out
-    for validation (what a ``-tuned`` suite selects hyper-parameters on), through scikit-learn's
-    ``train_test_split``; the same for every run, with at least one example of every class. ``fraction`` 0 gives
-    no validation examples."""
+    for validation (what a ``-tuned`` suite selects hyper-parameters on); the same for every run, with at least one
+    example of every class on each side. ``labels``: any values numpy can sort (class ids, names).
+
+    ``round(fraction * len(labels))`` examples (at least one per class) are shared out in proportion to the class
+    sizes (largest remainders get the rounding) and drawn at random within each class (``seed``, fixed by default:
+    never the run's seed). ``fraction`` 0 gives no validation examples.
+    """
     import numpy as np
     import torch
-    from sklearn.model_selection import train_test_split
 
     if not 0 <= fraction < 1:
         raise ValueError(f"validation fraction must be in [0, 1), got {fraction}")
-    labels = np.asarray(labels).reshape(-1)
-    idx = np.arange(len(labels))
+    codes = torch.from_numpy(np.unique(np.asarray(labels).reshape(-1), return_inverse=True)[1].reshape(-1))
+    n = len(codes)
     if not fraction:
-        return torch.from_numpy(idx), torch.zeros(0, dtype=torch.long)
-    size = max(round(fraction * len(labels)), len(np.unique(labels)))  # at least one example of every class
-    try:
-        train, val = train_test_split(idx, test_size=size, stratify=labels, random_state=seed)
-    except ValueError as err:
-        raise ValueError(f"cannot hold out a stratified {fraction:g} of {len(labels)} training examples: {err}") from None
-    return torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(val))
+        return torch.arange(n), torch.zeros(0, dtype=torch.long)
+    counts = torch.bincount(codes)
+    size = max(round(fraction * n), len(counts))  # at least one example of every class
+    if (counts < 2).any() or n - size < len(counts):
+        why = ("a class has a single example" if (counts < 2).any() else
+               f"{n - size} examples would be left to train on, fewer than the {len(counts)} classes")
+        raise ValueError(f"cannot hold out a stratified {fraction:g} of {n} training examples: {why}")
+    quota = size * counts.double() / n
+    take = quota.floor().long().clamp(min=1).minimum(counts - 1)
+    while take.sum() < size:  # the largest remainders among the classes with room get one more
+        take[torch.where(take < counts - 1, quota - take, -torch.inf).argmax()] += 1
+    while take.sum() > size:  # the smallest remainders among the classes above one give one back
+        take[torch.where(take > 1, quota - take, torch.inf).argmin()] -= 1
+    pools = shuffled_class_pools(codes, torch.Generator().manual_seed(seed))
+    val = torch.cat([pool[:k] for pool, k in zip(pools, take.tolist())]).sort().values
+    train = torch.ones(n, dtype=torch.bool)
+    train[val] = False
+    return torch.nonzero(train).flatten(), val

@@ -10,9 +10,9 @@ Both go through aeon's ``load_from_ts_file`` (equal-length sets as a 3-D array, 
 (C, T_i) arrays). What aeon lacks is written here: padding to (N, T, C) with an observed-step mask (a step is observed
 if any channel is finite; NaN channels of an observed step become 0, the channel mean after standardisation),
 per-channel standardisation with the statistics of the training part (observed steps only), and the validation
-split: a stratified ``val_fraction`` of the official TRAIN set (``quest_sdk.data.validation_split``, scikit-learn's
-``train_test_split`` with a fixed seed), so that every run seed and every variant sees the same split. The
-model trains on the rest; the official TEST set is only evaluated.
+split: a stratified ``val_fraction`` of the official TRAIN set (``quest_sdk.data.validation_split``, with a fixed
+seed), so that every run seed and every variant sees the same split. The model trains on the rest; the official
+TEST set is only evaluated.
 """
 
 from __future__ import annotations
