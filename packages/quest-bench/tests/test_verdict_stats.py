@@ -101,7 +101,8 @@ def test_mde_against_an_independent_simulation_and_the_normal_approximation():
 def test_p_values_at_the_monte_carlo_floor_print_as_an_upper_bound():
     d = paired_difference({str(i): 1.0 + 0.01 * i for i in range(30)}, {str(i): 0.0 for i in range(30)})
     floor = 1 / (RANDOM_SIGN_FLIPS + 1)
-    assert d["p"] == pytest.approx(floor) and d["p_floor"] == pytest.approx(floor)  # n = 30: sampled; the 2 extreme patterns of 2^30 are never drawn
+    # n = 30: sampled, and the 2 extreme patterns of 2^30 are never drawn: the estimate sits at its floor
+    assert d["p"] == pytest.approx(floor) and d["p_floor"] == pytest.approx(floor)
     assert format_p(d["p"], d["p_floor"]) == "p ≤ 5e-06"
     from quest_bench.leaderboard import delta_text
 

@@ -165,8 +165,9 @@ def verdict_section(comps: dict[tuple[str, str], tuple[list[float], bool]], sour
     lines = ["## Verdicts (one decision rule)", "",
              f"Each variant against `{BASELINE}` on each task's primary metric ({source}). With n ≥ "
              f"{MIN_PAIRS_FOR_VERDICT} pairs the paired t test decides, its p Holm-corrected over the "
-             f"{family} such comparison{'' if family == 1 else 's'} on this page; the interval is the t interval at the level Holm gives the comparison, so "
-             f"it excludes 0 exactly when the mark * is set. The exact sign-flip p is a robustness check. MDE: the "
+             f"{family} such comparison{'' if family == 1 else 's'} on this page; the interval is the t interval at "
+             f"the level Holm gives the comparison, so it excludes 0 exactly when the mark * is set. The exact "
+             f"sign-flip p is a robustness check. MDE: the "
              f"smallest true Δ the t test detects with {POWER:.0%} power at two-sided α = {ALPHA} with these n and "
              f"this spread. Δ > 0 means a larger metric; the verdict says better or worse. See docs/statistics.md.",
              "", "| task | variant | n | Δ [interval] | t p (Holm) | sign-flip p | MDE | verdict |",
