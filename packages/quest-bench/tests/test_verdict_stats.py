@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from quest_bench.meta import dersimonian_laird, forest_plot, largest_stable_lr, standardised_effect
+from quest_bench.meta import (dersimonian_laird, forest_plot, largest_stable_lr, stability_against_baseline,
+                              standardised_effect)
 from quest_bench.result import RunResult
 from quest_bench.stats import (RANDOM_SIGN_FLIPS, decide, format_p, mde_paired_t, paired_difference,
                                power_paired_t)
@@ -164,3 +165,7 @@ def test_largest_stable_learning_rate_per_task_and_variant():
     assert table[("t (tiny)", "softmax")] == {"largest": 0.001, "searched": 0.01, "diverged": 1, "runs": 3}
     assert table[("t (tiny)", "quest")]["largest"] == 0.01  # the largest searched: the limit lies beyond
     assert table[("t (tiny)", "qknorm")]["largest"] is None  # diverged at 1e-3, nothing finished at 1e-2
+    table[("u (tiny)", "softmax")] = table[("u (tiny)", "quest")] = {"largest": 0.01, "searched": 0.01}
+    counts = stability_against_baseline(table)
+    assert counts["quest"] == {"higher": 1, "same": 0, "lower": 0, "beyond": 1, "tasks": 1}  # u: both beyond
+    assert counts["qknorm"] == {"higher": 0, "same": 0, "lower": 1, "beyond": 0, "tasks": 1}  # none < 1e-3

@@ -237,7 +237,32 @@ def stability_section(boards) -> list[str]:
                 ("≥ " if s["largest"] == s["searched"] else "") + f"{s['largest']:g}"
             cells.append(f"{largest} ({s['diverged']}/{s['runs']})")
         lines.append(f"| {md(title)} | " + " | ".join(cells) + " |")
+    counts = stability_against_baseline(table)
+    if counts:
+        lines += ["", f"Against `{BASELINE}`, task by task (a count, no test): " + "; ".join(
+            f"{md(v)} higher on {c['higher']}, the same on {c['same']}, lower on {c['lower']} of {c['tasks']} tasks"
+            + (f" ({c['beyond']} more where both were stable at every rate searched)" if c["beyond"] else "")
+            for v, c in counts.items()) + "."]
     return lines + [""]
+
+
+def stability_against_baseline(table: dict[tuple[str, str], dict]) -> dict[str, dict[str, int]]:
+    """Per variant, over the tasks it shares with softmax in ``largest_stable_lr``'s table: on how many its largest
+    stable rate is higher, the same or lower than softmax's ("none" is lowest); tasks where both were stable at the
+    largest rate searched count apart (``beyond``: the search cannot order them)."""
+    out: dict[str, dict[str, int]] = {}
+    for (title, variant), s in table.items():
+        base = table.get((title, BASELINE))
+        if variant == BASELINE or base is None:
+            continue
+        c = out.setdefault(variant, {"higher": 0, "same": 0, "lower": 0, "beyond": 0, "tasks": 0})
+        ours, theirs = (x["largest"] if x["largest"] is not None else -math.inf for x in (s, base))
+        if ours == s["searched"] and theirs == base["searched"]:
+            c["beyond"] += 1
+            continue
+        c["tasks"] += 1
+        c["higher" if ours > theirs else "lower" if ours < theirs else "same"] += 1
+    return out
 
 
 def page_sections(boards, deltas: dict[str, dict[str, dict]], folder: Path | None, source: str,
