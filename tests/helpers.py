@@ -25,6 +25,7 @@ def cli_env(**extra) -> dict:
     return env
 
 
-def quest_bench(*args, env=None, timeout=300, cwd=REPO) -> subprocess.CompletedProcess:
+def quest_bench(*args, env=None, timeout=1200, cwd=REPO) -> subprocess.CompletedProcess:
+    """Run the CLI; ``timeout`` bounds a hung command only (a loaded machine starts Ray in minutes)."""
     return subprocess.run([str(BIN / "quest-bench"), *map(str, args)], capture_output=True, text=True,
                           env=env or cli_env(), timeout=timeout, cwd=cwd)

@@ -41,7 +41,8 @@ def test_forced_divergence_is_a_result(tmp_path, monkeypatch):
     (["run", "spurious", "--set", "nope=1"], "no config key 'nope'"),
     (["run", "spurious", "--set", "steps"], "--set expects key=value"),
     (["sweep", "--suite", "no-such-suite"], "unknown suite 'no-such-suite'; known suites: .*smoke"),
-    (["leaderboard", "--suite", "smoke", "--results", "/nonexistent/results"], "no results for suite 'smoke'"),
+    (["leaderboard", "--suite", "smoke", "--results", "/nonexistent/results"],
+     "no results folder /nonexistent/results: run a sweep"),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

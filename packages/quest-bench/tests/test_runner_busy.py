@@ -94,8 +94,10 @@ def busy_processes(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def sweep_process(suite: Path, results: Path, scratch: Path) -> subprocess.Popen:
-    return subprocess.Popen([str(Path(sys.executable).parent / "quest-bench"), "sweep", "--suite", str(suite),
+def sweep_process(suite, results: Path, scratch: Path) -> subprocess.Popen:
+    """``quest-bench sweep`` of a suite file, or of the command-line options in a list."""
+    shape = ["--suite", str(suite)] if isinstance(suite, Path) else suite
+    return subprocess.Popen([str(Path(sys.executable).parent / "quest-bench"), "sweep", *shape,
                              "--results", str(results), "--quiet"], env=cli_env(TMPDIR=str(scratch)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -106,9 +108,12 @@ def test_two_sweeps_started_together_on_loaded_cores_both_finish(tmp_path):
     scratch = Path(tempfile.mkdtemp(prefix="qbt-", dir="/tmp"))  # short: Ray's socket paths live under it
     busy = busy_processes(2 * (os.cpu_count() or 1))
     try:
-        procs = [sweep_process(write_suite(tmp_path, f"busy{i}", variants=("softmax",), seeds=(0, 1)),
-                               tmp_path / "results", scratch) for i in range(2)]
-        outputs = [p.communicate(timeout=1800) for p in procs]
+        on_the_command_line = ["--task", "spurious", "--variants", "softmax", "--seeds", "0-1", "--name", "busy1",
+                               "--set", "steps=40", "--set", "eval_samples=300", "--set", "log_every=10"]
+        procs = [sweep_process(write_suite(tmp_path, "busy0", variants=("softmax",), seeds=(0, 1)),
+                               tmp_path / "results", scratch),
+                 sweep_process(on_the_command_line, tmp_path / "results", scratch)]
+        outputs = [p.communicate(timeout=1800) for p in procs]  # a bound for a hung start, not a speed test
     finally:
         for p in busy:
             p.kill()
@@ -119,6 +124,7 @@ def test_two_sweeps_started_together_on_loaded_cores_both_finish(tmp_path):
     for i in range(2):
         results = [json.loads(p.read_text()) for p in (tmp_path / "results").glob(f"busy{i}/runs/*/result.json")]
         assert sorted(r["status"] for r in results) == ["ok", "ok"]
+    assert (tmp_path / "results" / "busy1" / "suite.yaml").is_file()  # the command-line suite, recorded
 
 
 @pytest.mark.slow

@@ -100,6 +100,8 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         seed_everything(spec.seed)
         output = task.run(config, ctx)
         result.metrics, result.data = output.metrics, output.data
+        ctx.final({"task": spec.task, "variant": spec.variant, "preset": spec.preset, "seed": spec.seed,
+                   **{f"override.{k}": v for k, v in spec.overrides.items()}}, result.metrics)
         wall = time.perf_counter() - start
         result.cost["samples_per_s"] = output.samples_seen / wall if wall > 0 else 0.0
         problem = unusable_reason(result)

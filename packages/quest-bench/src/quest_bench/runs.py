@@ -11,6 +11,7 @@ import csv
 import datetime
 import json
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,6 +144,11 @@ def primary_text(r: RunResult) -> str:
     return f"{r.primary_metric}={value:.4g}" if isinstance(value, (int, float)) else (r.reason or "-")[:40]
 
 
+def overrides_text(r: RunResult) -> str:
+    """A run's overrides as key=value pairs (what tells the cells of a grid apart), "-" for none."""
+    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(r.overrides.items())) or "-"
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     """A plain text table with aligned columns."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
@@ -155,10 +161,11 @@ def list_table(runs: RunSet, task: str | None = None, variant: str | None = None
     chosen = [r for r in runs.results if (task is None or r.task == task) and (variant is None or r.variant == variant)
               and (status is None or r.status == status)]
     chosen.sort(key=lambda r: (finished_at(r, runs.folders[r.run_id]), r.run_id))
-    rows = [[r.run_id, runs.suites[r.run_id], r.task, r.variant, r.preset, str(r.seed), r.status, primary_text(r),
-             f"{r.cost['wall_s']:.0f}s" if "wall_s" in r.cost else "-", finished_at(r, runs.folders[r.run_id])]
-            for r in chosen]
-    header = ["run_id", "suite", "task", "variant", "preset", "seed", "status", "primary", "wall", "finished (UTC)"]
+    rows = [[r.run_id, runs.suites[r.run_id], r.task, r.variant, r.preset, str(r.seed), overrides_text(r), r.status,
+             primary_text(r), f"{r.cost['wall_s']:.0f}s" if "wall_s" in r.cost else "-",
+             finished_at(r, runs.folders[r.run_id])] for r in chosen]
+    header = ["run_id", "suite", "task", "variant", "preset", "seed", "overrides", "status", "primary", "wall",
+              "finished (UTC)"]
     return table(header, rows) + f"\n{len(rows)} runs"
 
 
@@ -235,25 +242,29 @@ def flat_rows(runs: RunSet) -> list[dict]:
 EXPORT_FORMATS = ("csv", "json", "parquet")
 
 
-def export(runs: RunSet, path: Path, fmt: str) -> int:
-    """Write one row per run to ``path`` as CSV, JSON (a list of objects) or Parquet; returns the row count."""
+def export(runs: RunSet, path: Path | None, fmt: str) -> int:
+    """Write one row per run to ``path`` (None: standard output) as CSV, JSON (a list of objects) or Parquet;
+    returns the row count."""
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORT_FORMATS)}")
     rows = flat_rows(runs)
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "csv":
-        with open(path, "w", newline="") as f:
+        with (open(path, "w", newline="") if path is not None else nullcontext(sys.stdout)) as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)
     elif fmt == "json":
-        path.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+        text = json.dumps(rows, indent=1, default=str) + "\n"
+        path.write_text(text) if path is not None else sys.stdout.write(text)
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({c: parquet_column([row.get(c) for row in rows]) for c in columns}), path)
+        pq.write_table(pa.table({c: parquet_column([row.get(c) for row in rows]) for c in columns}),
+                       path if path is not None else sys.stdout.buffer)
     return len(rows)
 
 

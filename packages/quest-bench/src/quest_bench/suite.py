@@ -108,7 +108,11 @@ def as_list(path: Path, raw: dict, key: str, default: list) -> list:
 
 def load_suite(name_or_path: str) -> Suite:
     path = find_suite(name_or_path)
-    raw = read_yaml(path)
+    return suite_from_mapping(read_yaml(path), path)
+
+
+def suite_from_mapping(raw: dict, path: Path) -> Suite:
+    """A suite from its mapping (a suite file's, or ``cli_suite``'s); ``path`` names it in errors."""
     unknown = set(raw) - SUITE_KEYS
     if unknown:
         raise ValueError(f"{path}: unknown suite keys {sorted(unknown)}; valid keys: {sorted(SUITE_KEYS)}")
@@ -163,3 +167,90 @@ def grid_cells(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
         if not isinstance(grid[k], list) or not grid[k]:
             raise ValueError(f"grid key {k!r} needs a non-empty list of values, got {grid[k]!r}")
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+CLI_SUITE = Path("<command line>")
+RECORD = "suite.yaml"  # a command-line suite's definition, in its results folder
+
+
+def parse_seeds(text: str) -> list[int]:
+    """Seeds from the command line: "0-4" (both ends included), "0,2,5" or "3"."""
+    seeds = []
+    for part in str(text).split(","):
+        first, _, last = part.strip().partition("-")
+        try:
+            seeds += list(range(int(first), int(last) + 1)) if last else [int(first)]
+        except ValueError:
+            raise ValueError(f"--seeds expects integers, a range or a comma list (0-4, 0,2,5 or 3), got {text!r}") from None
+    if not seeds:
+        raise ValueError(f"--seeds {text!r} names no seed (a range is first-last, first <= last)")
+    return seeds
+
+
+def parse_grid(pairs: list[str]) -> dict[str, list]:
+    """--grid key=v1,v2,... pairs: each value a YAML scalar (typed by the task config, like --set)."""
+    grid = {}
+    for pair in pairs:
+        key, sep, values = pair.partition("=")
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not items:
+            raise ValueError(f"--grid expects key=value1,value2,..., got {pair!r}")
+        grid[key.strip()] = [scalar(v) for v in items]
+    return grid
+
+
+def scalar(text: str):
+    """A command-line value as YAML reads a scalar (1e-3 stays text; the task config types it), else the text."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (str, int, float, bool)) else text
+
+
+def cli_suite(task: str, variants: str = "softmax,quest", seeds: str = "0", presets: str = "tiny",
+              overrides: dict | None = None, grid: dict | None = None, tune: str | None = None,
+              name: str | None = None) -> tuple[Suite, dict]:
+    """A suite made on the command line (``sweep --task T --variants a,b --seeds 0-4 --preset P --set k=v --grid
+    lr=1e-3,3e-3``) and its definition as a suite file would hold it. Its name, unless given, is
+    ``<task>-cli-<hash>`` of what it runs (canonical values: ``lr=3e-3`` and ``lr=0.003`` name one suite)."""
+    raw = {"name": name or "cli", "description": "made on the command line", "tasks": [task],
+           "variants": "all" if variants == "all" else [v.strip() for v in variants.split(",") if v.strip()],
+           "presets": [p.strip() for p in presets.split(",") if p.strip()], "seeds": parse_seeds(seeds),
+           "overrides": dict(overrides or {}), "grid": dict(grid or {})}
+    if tune:
+        raw["tune"] = [k.strip() for k in tune.split(",") if k.strip()]
+    suite = suite_from_mapping(dict(raw), CLI_SUITE)
+    if not name:
+        import hashlib
+        import json
+
+        shape = sorted(json.dumps([s.variant, s.preset, s.seed, s.overrides], sort_keys=True) for s in suite.specs)
+        digest = hashlib.sha256(json.dumps([task, shape, raw.get("tune", [])]).encode()).hexdigest()[:8]
+        suite.name = raw["name"] = check_name("suite", f"{task}-cli-{digest}")
+    return suite, raw
+
+
+def record_cli_suite(suite: Suite, raw: dict, results_dir: Path) -> Path:
+    """Write a command-line suite's definition to ``<results>/<name>/suite.yaml``, so that `runs`, `export` and
+    `leaderboard --suite NAME` find it like a suite file; a folder recorded for another definition is refused."""
+    path = Path(results_dir) / suite.name / RECORD
+    if path.exists():
+        earlier = suite_from_mapping(read_yaml(path), path)
+        if {s.run_id for s in earlier.specs} != {s.run_id for s in suite.specs}:
+            raise ValueError(f"{path.parent} holds the runs of another suite of that name ({path}); choose another "
+                             "--name")
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def recorded_suite(name_or_path: str, results_dir: Path) -> str:
+    """``name_or_path``, or the recorded definition of the command-line suite of that name under ``results_dir``
+    when no suite file has that name."""
+    given = str(name_or_path)
+    if Path(given).suffix in (".yaml", ".yml") or os.sep in given or given in known_suites():
+        return given
+    path = Path(results_dir) / given / RECORD
+    return str(path) if path.is_file() else given

@@ -518,14 +518,20 @@ def check_feasible(specs: list[RunSpec], places: dict[str, Placement], nodes: li
 
 def run_specs(ray, todo: list[RunSpec], places: dict[str, Placement], store: Store, counts: dict,
               data_root: str | None, max_retries: int, run_timeout: float | None, progress: bool,
-              checkpoint_every: int, storage: str | None = None) -> None:
+              checkpoint_every: int, storage: str | None = None, waiting: dict[str, str] | None = None) -> None:
+    """Submit every run and collect its result. ``waiting``: runs no node could host when submitted (with
+    ``--wait-for-resources``), by run_id with what they need: one that has neither started nor become placeable
+    within its timeout is cancelled and recorded ``failed`` with that reason."""
     from quest_bench.storage import RunMirror, run_uri
+
+    waiting, submitted = dict(waiting or {}), time.monotonic()
 
     clock = ray.remote(num_cpus=0)(RunClock).remote()
     remote = ray.remote(max_calls=1)(run_in_worker)  # a fresh worker process per run (max_calls is not an option)
     store.runs_dir.mkdir(parents=True, exist_ok=True)
     pending, timeouts = {}, {}
     for spec in todo:
+        link_tensorboard(store, spec)
         task, where = get_task(spec.task), places[spec.run_id]
         # a data-parallel run's own task only drives Ray Train, whose workers hold the resources
         cpus, gpus = (0, 0) if where.workers > 1 else (where.num_cpus, where.num_gpus)
@@ -589,6 +595,18 @@ def finish(store: Store, spec: RunSpec, result: RunResult, error: str | None, co
               file=sys.stderr)
     bar.set_postfix(ok=counts["ok"], diverged=counts["diverged"], failed=counts["failed"], refresh=False)
     bar.update(1)
+
+
+def link_tensorboard(store: Store, spec: RunSpec) -> Path:
+    """``<suite>/tensorboard/<task>/<variant>/<preset>/seed<N>[overrides]``: a link to the run's TensorBoard folder,
+    so that ``tensorboard --logdir <results>/<suite>/tensorboard`` names each run by what it is, not by its id."""
+    parts = [re.sub(r"[^A-Za-z0-9._=,+\[\]-]", "_", part) for part in spec.label().split("/")]
+    link = store.root.joinpath("tensorboard", *parts)
+    target = store.run_dir(spec.run_id) / "tensorboard"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(os.path.relpath(target, link.parent), target_is_directory=True)
+    return link
 
 
 def write_run(store: Store, spec: RunSpec, result: RunResult, error: str | None) -> None:

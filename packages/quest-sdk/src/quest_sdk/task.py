@@ -333,6 +333,12 @@ class RunContext:
             telemetry = {**telemetry, "max_logit": logit}
         return bad_rank, loss, telemetry
 
+    def final(self, hparams: dict, metrics: dict[str, float]) -> None:
+        """Record the finished run's settings (task, variant, preset, seed, overrides) and final metrics with the
+        trackers (TensorBoard's HParams dashboard), from the main worker."""
+        if self._tracker is not None:
+            self._tracker.final(hparams, metrics)
+
     def close(self) -> None:
         if self._events is not None:
             self._events.close()

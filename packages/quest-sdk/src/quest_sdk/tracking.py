@@ -6,6 +6,7 @@ file stores). ``pip install mlflow-skinny`` (the ``quest-sdk[mlflow]`` extra) pr
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -37,6 +38,14 @@ class Tracker:
         for writer in self.writers:
             writer.log(step, values)
 
+    def final(self, hparams: dict, metrics: dict[str, float]) -> None:
+        """A finished run's settings and final metrics (TensorBoard's HParams table; MLflow params and metrics)."""
+        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
+        metrics = {f"final/{k}": float(v) for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        for writer in self.writers:
+            writer.final(hparams, metrics)
+
     def close(self) -> None:
         for writer in self.writers:
             writer.close()
@@ -51,6 +60,9 @@ class _TensorBoard:
     def log(self, step: int, values: dict[str, float]) -> None:
         for key, value in values.items():
             self.writer.add_scalar(key, value, step)
+
+    def final(self, hparams: dict, metrics: dict[str, float]) -> None:
+        self.writer.add_hparams(hparams, metrics, run_name=".")  # "." : in this run's own folder, not a new one
 
     def close(self) -> None:
         self.writer.close()
@@ -69,6 +81,10 @@ class _MLflow:
     def log(self, step: int, values: dict[str, float]) -> None:
         # MLflow metric names allow alphanumerics, _ - . space / only
         self.mlflow.log_metrics({k.replace(":", "_"): v for k, v in values.items()}, step=step)
+
+    def final(self, hparams: dict, metrics: dict[str, float]) -> None:
+        self.mlflow.log_params({k: str(v)[:500] for k, v in hparams.items()})
+        self.mlflow.log_metrics({k.replace(":", "_"): v for k, v in metrics.items()})
 
     def close(self) -> None:
         self.mlflow.end_run()
