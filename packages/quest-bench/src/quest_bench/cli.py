@@ -323,6 +323,60 @@ def check_results_folder(path: Path) -> None:
         raise ValueError(f"--results {path} is a file; give a folder")
 
 
+def existing_results(path: Path) -> Path:
+    """--results of a command that reads results: a folder that exists."""
+    check_results_folder(path)
+    if not path.is_dir():
+        raise ValueError(f"no results folder {path}: run a sweep or `quest-bench run` first, or pass --results FOLDER")
+    return path
+
+
+SHAPE_ARGS = ("variants", "seeds", "preset", "set", "grid", "tune", "name")
+
+
+def add_shape_args(parser: argparse.ArgumentParser, task_help: str | None = None) -> None:
+    """The options that make a suite on the command line (``suite.cli_suite``); ``task_help``: add --task too."""
+    if task_help:
+        parser.add_argument("--task", help=task_help)
+    parser.add_argument("--variants", help="with --task: comma list of variants, or all (default softmax,quest)")
+    parser.add_argument("--seeds", help="with --task: 0-4, 0,2,5 or 3 (default 0)")
+    parser.add_argument("--preset", help="with --task: preset, or a comma list (default tiny)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --task: a task config key set in every run (repeatable)")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                        help="with --task: values of a config key, one run per combination (repeatable)")
+    parser.add_argument("--tune", metavar="KEYS", help="with --task: grid keys each variant is tuned over (a tuned "
+                        "suite: the leaderboard takes each variant's best cell on validation)")
+    parser.add_argument("--name", help="with --task: the suite's name (default: <task>-cli-<hash of its runs>)")
+
+
+def shaped_suite(args, required: bool = False):
+    """The suite the command line makes (``--task`` with the options of ``add_shape_args``) as (suite, its
+    definition), or None when none is asked for (``required``: --task alone makes one)."""
+    from quest_bench.suite import cli_suite, parse_grid
+
+    shaped = [k for k in SHAPE_ARGS if getattr(args, k, None)]
+    if not shaped and not (required and getattr(args, "task", None)):
+        return None
+    if not args.task:
+        raise ValueError(f"--{shaped[0]} shapes a suite on the command line and needs --task TASK")
+    return cli_suite(args.task, args.variants or "softmax,quest", args.seeds or "0", args.preset or "tiny",
+                     parse_sets(args.set), parse_grid(args.grid), args.tune, args.name)
+
+
+def given_suites(args) -> list[str]:
+    """--suite values (names, files, or command-line suites recorded under --results) plus the suite the
+    shape options make."""
+    from quest_bench.suite import RECORD, recorded_suite
+
+    given = [recorded_suite(s, Path(args.results)) for s in args.suite or []]
+    made = shaped_suite(args)
+    if made:
+        record = Path(args.results) / made[0].name / RECORD
+        given.append(str(record) if record.is_file() else made[0].name)
+    return given
+
+
 def cmd_sweep(args) -> int:
     from quest_bench.suite import load_suite
     from quest_bench.sweep import check_sweep_args, dry_run, run_sweep
@@ -334,7 +388,11 @@ def cmd_sweep(args) -> int:
         raise ValueError(f"--results {args.results} is relative, and under `ray job submit` it would resolve inside "
                          "the job's temporary working folder on the head node (lost when the job ends); give an "
                          "absolute path on the shared filesystem, e.g. --results /shared/results")
-    suite = load_suite(args.suite)
+    made = shaped_suite(args, required=True)
+    if bool(made) == bool(args.suite):
+        raise ValueError("sweep needs --suite NAME|FILE, or --task TASK with --variants, --seeds, --preset, --set, "
+                         "--grid (a suite made on the command line), not both")
+    suite = made[0] if made else load_suite(args.suite)
     if args.dry_run:  # a plan: no Ray, no GPU needed (checked against cluster manifests instead)
         print(dry_run(suite, Path(args.results), args.device, args.workers, args.data_root, args.cluster,
                       args.gpu_tflops))
@@ -345,6 +403,12 @@ def cmd_sweep(args) -> int:
     check_data(suite.specs, args.data_root, look=not (args.address or os.environ.get("RAY_ADDRESS")))
     if args.device == "cuda" and not (args.address or os.environ.get("RAY_ADDRESS")):
         check_device("cuda")  # a local sweep: this machine must have one
+    if made:
+        from quest_bench.suite import record_cli_suite
+
+        print(f"suite {suite.name}, made on the command line: recorded in "
+              f"{record_cli_suite(*made, Path(args.results))}; `quest-bench leaderboard --suite {suite.name}` and the "
+              "same options find it", file=sys.stderr)
     counts = run_sweep(suite, Path(args.results), address=args.address, data_root=args.data_root,
                        max_retries=args.max_retries, run_timeout=args.run_timeout, wait=args.wait,
                        wait_for_resources=args.wait_for_resources, progress=not args.quiet, device=args.device,
@@ -359,7 +423,8 @@ def cmd_leaderboard(args) -> int:
     from quest_bench.suite import load_suite, suite_name
     from quest_bench.tuning import confirmation_specs
 
-    check_results_folder(Path(args.results))
+    existing_results(Path(args.results))
+    args.suite = given_suites(args)
     if not args.suite and not args.adhoc:
         raise ValueError("leaderboard needs --suite NAME (repeat to merge suites) and/or --adhoc")
     names = [suite_name(s) for s in args.suite or []]
@@ -399,15 +464,18 @@ def cmd_leaderboard(args) -> int:
 def cmd_runs(args) -> int:
     from quest_bench.runs import collect, list_table
 
-    check_results_folder(Path(args.results))
-    print(list_table(collect(Path(args.results), args.suite, args.adhoc), args.task, args.variant, args.status))
+    from quest_bench.suite import suite_name
+
+    existing_results(Path(args.results))
+    names = [suite_name(s) for s in given_suites(args)]
+    print(list_table(collect(Path(args.results), names, args.adhoc), args.task, args.variant, args.status))
     return 0
 
 
 def cmd_show(args) -> int:
     from quest_bench.runs import collect, find_run, show_text
 
-    runs = collect(Path(args.results))
+    runs = collect(existing_results(Path(args.results)))
     print(show_text(runs, find_run(runs, args.run_id)))
     return 0
 
@@ -417,7 +485,7 @@ def cmd_compare(args) -> int:
 
     if len(args.run_ids) < 2:
         raise ValueError("compare needs at least two run ids")
-    runs = collect(Path(args.results))
+    runs = collect(existing_results(Path(args.results)))
     print(compare_text(runs, [find_run(runs, i) for i in args.run_ids], args.all))
     return 0
 
@@ -425,12 +493,18 @@ def cmd_compare(args) -> int:
 def cmd_export(args) -> int:
     from quest_bench.runs import ADHOC, collect, export
 
-    check_results_folder(Path(args.results))
-    if not args.suite and not args.adhoc:
+    from quest_bench.suite import suite_name
+
+    existing_results(Path(args.results))
+    suites = [suite_name(s) for s in given_suites(args)]
+    if not suites and not args.adhoc:
         raise ValueError("export needs --suite NAME (repeatable) and/or --adhoc")
-    runs = collect(Path(args.results), args.suite, args.adhoc)
-    names = [*(args.suite or []), *([ADHOC] if args.adhoc else [])]
+    runs = collect(Path(args.results), suites, args.adhoc)
+    names = [*suites, *([ADHOC] if args.adhoc else [])]
     folder = names[0] if len(names) == 1 and not args.adhoc else "exports"
+    if args.out == "-":  # standard output: the rows only, the count on stderr
+        print(f"{export(runs, None, args.format)} runs", file=sys.stderr)
+        return 0
     out = Path(args.out) if args.out else Path(args.results) / folder / f"{slug('+'.join(names))}.{args.format}"
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder; give a file name")
@@ -485,7 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(fn=cmd_run)
 
     sweep = sub.add_parser("sweep", help="run a suite (tasks × variants × seeds × presets × grid) on Ray")
-    sweep.add_argument("--suite", required=True, help="suite name (configs/suites/NAME.yaml) or path")
+    sweep.add_argument("--suite", help="suite name (configs/suites/NAME.yaml) or path; or make one with --task")
+    add_shape_args(sweep, "a suite made on the command line: this task, with the options below")
     sweep.add_argument("--address", help="Ray cluster to join: GCS host:port or 'auto' (default: RAY_ADDRESS, "
                        "else a local Ray instance sized to this machine)")
     sweep.add_argument("--results", default="results", help="results folder (default: ./results)")
@@ -518,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     board = sub.add_parser("leaderboard", help="aggregate results into Markdown + HTML: one suite, several merged "
                            "(--suite A --suite B), or the ad-hoc runs (--adhoc)")
     board.add_argument("--suite", action="append", help="suite name or file (repeat to merge suites)")
+    add_shape_args(board, "the suite `sweep --task ...` made with the same options")
     board.add_argument("--adhoc", action="store_true", help="the runs of `quest-bench run` under <results>/adhoc")
     board.add_argument("--results", default="results")
     board.add_argument("--out", help="output folder (default: <results>/<suite>/leaderboard)")
@@ -526,8 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list finished runs (all suites and ad-hoc runs by default)")
     runs.add_argument("--suite", action="append", help="only this suite (repeatable)")
     runs.add_argument("--adhoc", action="store_true", help="only the ad-hoc runs (with --suite: those as well)")
-    runs.add_argument("--task")
+    runs.add_argument("--task", help="only this task; with the options below: the suite `sweep --task ...` made")
     runs.add_argument("--variant")
+    add_shape_args(runs)
     runs.add_argument("--status", choices=["ok", "diverged", "failed"])
     runs.add_argument("--results", default="results")
     runs.set_defaults(fn=cmd_runs)
@@ -541,10 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--results", default="results")
     compare.set_defaults(fn=cmd_compare)
     exp = sub.add_parser("export", help="one row per run with flattened metrics, as CSV, JSON or Parquet")
-    exp.add_argument("--suite", action="append", help="suite name (repeatable)")
+    exp.add_argument("--suite", action="append", help="suite name or file (repeatable)")
+    add_shape_args(exp, "the suite `sweep --task ...` made with the same options")
     exp.add_argument("--adhoc", action="store_true")
     exp.add_argument("--format", default="csv", choices=["csv", "json", "parquet"])
-    exp.add_argument("--out", help="file (default: <results>/<suite>/<suite>.<format>)")
+    exp.add_argument("--out", help="file, or - for standard output (default: <results>/<suite>/<suite>.<format>)")
     exp.add_argument("--results", default="results")
     exp.set_defaults(fn=cmd_export)
     return parser
