@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MEMBERS = sorted(p.parent for pattern in ("packages/*/pyproject.toml", "tasks/*/pyproject.toml")
                  for p in ROOT.glob(pattern))
 
-# Import names that more than one installed distribution provides: the one a pyproject should name.
-IMPORT_TO_DISTRIBUTION = {"cv2": "opencv-python"}
+# Import names that more than one installed distribution provides (cv2: opencv-python and its -headless twin) ->
+# the one a pyproject should name; none of the workspace's imports needs an entry today.
+IMPORT_TO_DISTRIBUTION: dict[str, str] = {}
 
 # Declared without being imported by the member's own code: (member, distribution) -> why.
 IMPORTED_BY_OTHERS = {
@@ -200,3 +201,7 @@ def test_the_scan_sees_function_level_and_from_imports(tmp_path, monkeypatch):
                                    "    import numpy as np\n")
     assert imported_modules(tmp_path) == {"os": {"m.py"}, "yaml": {"m.py"}, "numpy": {"m.py"}}
     assert distributions(imported_modules(tmp_path), set()) == {"pyyaml": {"m.py"}, "numpy": {"m.py"}}
+    with pytest.raises(AssertionError, match=r"module 'cv2' \(imported by \['m.py'\]\) is provided by \["):
+        distributions({"cv2": {"m.py"}}, set())  # two installed distributions provide it: ambiguous
+    with pytest.raises(AssertionError, match="no installed distribution"):
+        distributions({"not_a_module_anywhere": {"m.py"}}, set())
