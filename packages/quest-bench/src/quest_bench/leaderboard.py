@@ -38,7 +38,7 @@ from quest_bench.result import RunResult  # noqa: E402
 from quest_sdk.robustness import CORRUPTION_ERROR  # noqa: E402
 from quest_bench.stats import (format_p, holm, mcnemar_exact, mean_std, mean_win_rate,  # noqa: E402
                                min_pairs_for_significance, paired_difference, t_interval, wilson_interval)
-from quest_bench.runs import RunSet, suite_runs  # noqa: E402
+from quest_bench.runs import ADHOC, RunSet, suite_runs  # noqa: E402
 from quest_bench.spec import slug  # noqa: E402
 from quest_bench.store import Store, is_finished, unusable_reason  # noqa: E402
 
@@ -127,8 +127,9 @@ def variant_order(variants) -> list[str]:
 class TaskBoard:
     """Everything the leaderboard says about one (task, preset)."""
 
-    def __init__(self, task: str, preset: str, runs: list[RunResult]):
+    def __init__(self, task: str, preset: str, runs: list[RunResult], config: str = ""):
         self.task, self.preset, self.runs = task, preset, runs
+        self.config = config  # the overrides every run shares, when a board groups by config (ad-hoc runs)
         first = runs[0]
         self.primary, self.higher = first.primary_metric, first.higher_is_better
         self.directions = {self.primary: self.higher, **(first.metric_directions or {})}
@@ -144,7 +145,7 @@ class TaskBoard:
 
     @property
     def title(self) -> str:
-        return f"{self.task} ({self.preset})"
+        return f"{self.task} ({self.preset})" + (f" [{self.config}]" if self.config else "")
 
     def ok(self, variant: str) -> list[RunResult]:
         """Finished runs with a finite primary metric (the ones the numbers are computed from)."""
@@ -293,11 +294,70 @@ class TaskBoard:
         return {"largest": largest, "stable": stable_runs, "total": total, "best": best, "best_rate": best_rate}
 
 
-def group(results: list[RunResult]) -> list[TaskBoard]:
-    groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
+def group(results: list[RunResult], by_config: bool = False) -> list[TaskBoard]:
+    """One board per (task, preset); with ``by_config`` (ad-hoc runs, which follow no suite's grid) one per
+    (task, preset, overrides), so that runs of different configs are never averaged together."""
+    groups: dict[tuple[str, str, str], list[RunResult]] = defaultdict(list)
     for r in results:
-        groups[(r.task, r.preset)].append(r)
-    return [TaskBoard(t, p, runs) for (t, p), runs in sorted(groups.items())]
+        config = ",".join(f"{k}={v}" for k, v in sorted(r.overrides.items())) if by_config else ""
+        groups[(r.task, r.preset, config)].append(r)
+    return [TaskBoard(t, p, runs, c) for (t, p, c), runs in sorted(groups.items())]
+
+
+def at_chosen_cells(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = ()) -> TaskBoard:
+    """A tuned suite's board reduced to each variant's runs at its chosen cell (chosen on validation, as in
+    ``tuned_table``; with ``confirm``, the stage-2 runs there): what its figures show, instead of every grid cell
+    pooled. The board itself when nothing can be chosen."""
+    val = next((r.validation_metric for r in b.runs if r.validation_metric), "")
+    if not keys or not val:
+        return b
+    runs = []
+    for v in b.variants:
+        choice = tuning.best(tuning.choices([r for r in b.by_variant[v] if r.seed not in confirm], keys, val),
+                             b.higher)
+        picked = tuning.confirmed(choice, b.by_variant[v], confirm) if confirm else choice
+        runs += picked.runs if picked is not None else []
+    return TaskBoard(b.task, b.preset, runs, b.config) if runs else b
+
+
+def numeric_rows(boards: list[TaskBoard]) -> list[dict]:
+    """The leaderboard's per-variant numbers as numbers (``tables/results.csv|json``): n, mean, std and t 95%
+    interval of the primary metric; for a 0/1 metric the success rate with its Wilson interval; the paired difference
+    to softmax with its interval (n >= 5), p and Holm p; diverged and failed counts. Formatted text lives in the
+    Markdown and HTML only."""
+    out = []
+    for b in boards:
+        for r in b.rows():
+            delta = r.get("delta") or {}
+            rate = r.get("rate")
+            out.append({"task": b.task, "preset": b.preset, "config": b.config, "variant": r["variant"],
+                        "metric": b.primary, "higher_is_better": b.higher, "n": r["n"], "mean": r["mean"],
+                        "std": r["std"], "ci_low": r["ci"][0], "ci_high": r["ci"][1],
+                        "successes": rate[0] if rate else None, "runs": rate[1] if rate else None,
+                        "rate": rate[0] / rate[1] if rate and rate[1] else None,
+                        "rate_ci_low": rate[2][0] if rate else None, "rate_ci_high": rate[2][1] if rate else None,
+                        "delta": delta.get("mean"), "delta_ci_low": delta.get("ci_low"),
+                        "delta_ci_high": delta.get("ci_high"), "n_pairs": delta.get("n_pairs"),
+                        "p": delta.get("p"), "p_holm": delta.get("p_holm"), "diverged": r["diverged"],
+                        "failed": r["failed"]})
+    return out
+
+
+def write_numeric(rows: list[dict], folder: Path) -> list[str]:
+    """``rows`` as results.csv and results.json (NaN as empty / null) in ``folder``; returns the file names."""
+    import csv
+
+    def number(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    rows = [{k: number(v) for k, v in row.items()} for row in rows]
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["task"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (folder / "results.json").write_text(json.dumps(rows, indent=1))
+    return ["results.csv", "results.json"]
 
 
 def win_rates(boards: list[TaskBoard], robustness: bool = False) -> dict[str, float]:
@@ -331,21 +391,35 @@ def win_rate_possible(boards: list[TaskBoard]) -> tuple[bool, int, int]:
 
 # ---- figures ----------------------------------------------------------------------------------------------------
 
+def figure_points(board: TaskBoard) -> list[tuple[str, float, float, float]]:
+    """(variant, point, low, high) per variant for the bars figure: the mean with its t 95% interval (none for
+    n < 2), or for a 0/1 metric the success rate with its Wilson interval (a t interval would leave [0, 1])."""
+    points = []
+    for r in (board.row(v) for v in board.variants):
+        if board.binary:
+            k, n, (lo, hi) = r["rate"]
+            points.append((r["variant"], k / n if n else math.nan, lo, hi))
+        else:
+            lo, hi = r["ci"] if r["n"] >= 2 else (r["mean"], r["mean"])
+            points.append((r["variant"], r["mean"], lo, hi))
+    return points
+
+
 def bar_figure(board: TaskBoard, path: Path) -> None:
     """Each variant's mean (a dot) with its t 95% interval where n ≥ 2; the axis spans the values, not from 0, so
     that differences of a fraction of a point stay visible."""
-    rows = [board.row(v) for v in board.variants]
+    rows = figure_points(board)
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(rows), 3.2))
-    for i, r in enumerate(rows):
-        lo, hi = r["ci"] if r["n"] >= 2 else (r["mean"], r["mean"])  # no error bar for n < 2
-        ax.errorbar([i], [r["mean"]], yerr=[[max(0.0, r["mean"] - lo)], [max(0.0, hi - r["mean"])]], fmt="o",
-                    capsize=4, ms=7, color=variant_color(r["variant"]))
-    ax.set_xticks(range(len(rows)), [plot_text(r["variant"]) for r in rows])
+    for i, (variant, mean, lo, hi) in enumerate(rows):
+        ax.errorbar([i], [mean], yerr=[[max(0.0, mean - lo)], [max(0.0, hi - mean)]], fmt="o",
+                    capsize=4, ms=7, color=variant_color(variant))
+    ax.set_xticks(range(len(rows)), [plot_text(r[0]) for r in rows])
     ax.set_xlim(-0.5, len(rows) - 0.5)
     ax.margins(y=0.15)
     ax.grid(axis="y", lw=0.5, alpha=0.5)
     ax.set_ylabel(f"{plot_text(board.primary)} ({'↑' if board.higher else '↓'})")
-    ax.set_title(f"{plot_text(board.title)}\nmean, t 95% CI (n ≥ 2)", fontsize=9)
+    ax.set_title(f"{plot_text(board.title)}\n" + ("success rate, Wilson 95% CI" if board.binary
+                                                 else "mean, t 95% CI (n ≥ 2)"), fontsize=9)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -577,6 +651,19 @@ def provenance(boards: list[TaskBoard]) -> list[str]:
             f"- compute: {hours:.2f} run-hours in all (sum of the runs' wall times)", ""]
 
 
+def as_number(cell: str):
+    """A table cell that is a plain number, as that number (an int if it is one); any other cell as its text."""
+    try:
+        return int(cell)
+    except ValueError:
+        pass
+    try:
+        value = float(cell)
+    except ValueError:
+        return cell
+    return value if math.isfinite(value) else cell
+
+
 def export_tables(md_text: str, folder: Path) -> list[str]:
     """Every Markdown table of the page as CSV and JSON (a list of row objects) in ``folder``, named by the section
     it is in; returns the file names."""
@@ -597,7 +684,8 @@ def export_tables(md_text: str, folder: Path) -> list[str]:
             header, rows = table[0], table[1:]
             with open(folder / f"{name}.csv", "w", newline="") as f:
                 csv.writer(f).writerows(table)
-            (folder / f"{name}.json").write_text(json.dumps([dict(zip(header, r)) for r in rows], indent=1))
+            (folder / f"{name}.json").write_text(json.dumps([dict(zip(header, map(as_number, r))) for r in rows],
+                                                             indent=1))
             names += [f"{name}.csv", f"{name}.json"]
             table = []
     return names
@@ -920,14 +1008,15 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
             print(f"warning: run {r.run_id} ({clean(r.task)}/{clean(r.variant)}/seed {r.seed}) not counted: "
                   f"{clean(problem)}; the next "
                   "sweep runs it again", file=sys.stderr)
-    boards = group(results)
+    boards = group(results, by_config=suite == ADHOC)
     folder = claim_folder(Path(folder))
     figures: dict[str, list[str]] = {}
     for b in boards:
-        stem = slug(f"{b.task}-{b.preset}")
-        bar_figure(b, folder / f"{stem}-bars.png")
+        stem = slug(f"{b.task}-{b.preset}" + (f"-{b.config}" if b.config else ""))
+        shown = at_chosen_cells(b, tune, confirm) if tune else b  # a tuned suite: each variant at its chosen cell
+        bar_figure(shown, folder / f"{stem}-bars.png")
         figures[b.title] = [f"{stem}-bars.png"]
-        if curves_figure(b, runs.folders, folder / f"{stem}-curves.png"):
+        if curves_figure(shown, runs.folders, folder / f"{stem}-curves.png"):
             figures[b.title].append(f"{stem}-curves.png")
         if b.margin_rates():
             margin_figure(b, folder / f"{stem}-margin.png")
@@ -936,7 +1025,7 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
     md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True),
                        tune, folder, confirm)
     shutil.rmtree(folder / "tables", ignore_errors=True)
-    tables = export_tables(md_text, folder / "tables")
+    tables = write_numeric(numeric_rows(boards), folder / "tables") + export_tables(md_text, folder / "tables")
     md_text += ("\n## Tables as data\n\nEvery table above as CSV and JSON: "
                 + " · ".join(f"[{name}](tables/{name})" for name in tables) + "\n")
     (folder / "README.md").write_text(md_text)
