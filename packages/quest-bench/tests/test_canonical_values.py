@@ -36,8 +36,7 @@ def test_a_suite_grid_of_1e_3_and_0_001_is_one_cell(tmp_path):
     path = tmp_path / "g.yaml"
     path.write_text("name: g\ntasks: [spurious]\nvariants: [quest]\ngrid: {lr: [1e-3, 0.001, 3e-3]}\n")
     suite = load_suite(str(path))
-    assert sorted(s.overrides["lr"] for s in suite.specs) == [0.001, 0.001, 0.003]
-    assert len({s.run_id for s in suite.specs}) == 2
+    assert sorted(s.overrides["lr"] for s in suite.specs) == [0.001, 0.003]  # 1e-3 and 0.001: one run
 
 
 def write_old_run(store: Store, overrides: dict) -> RunSpec:
@@ -64,3 +63,11 @@ def test_an_old_folder_with_a_text_value_counts_as_done_and_is_paired_by_its_typ
     assert runs.canonical[old.run_id] == new_id and runs.matching({new_id}) == {old.run_id}
     assert runs.results[0].overrides == {"lr": 0.003}  # paired and exported as the number
     assert json.loads((store.run_dir(old.run_id) / "result.json").read_text())["overrides"] == {"lr": "3e-3"}
+
+
+def test_variant_and_task_suggestions_ignore_case(tmp_path, capsys):
+    assert cli.main(["run", "spurious", "--attention", "QUEST", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().endswith("Did you mean 'quest'?")
+    with pytest.raises(ValueError, match="unknown task 'Spurious'.*Did you mean 'spurious'"):
+        resolve(RunSpec("Spurious", "quest"))
+    assert not (tmp_path / "run").exists()

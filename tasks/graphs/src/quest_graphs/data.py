@@ -150,13 +150,29 @@ def load_freesolv() -> MoleculeGraphs:
                           file_revision(["freesolv.csv"]))
 
 
+LAYOUTS = {"ogbg-molhiv": "ogbg_molhiv/mapping/mol.csv.gz and ogbg_molhiv/split/scaffold/{train,valid,test}.csv.gz "
+                          "(OGB's molhiv.zip unzipped there)",
+           "zinc": "ZINC/raw/{train,val,test}.{pickle,index} (torch-geometric's ZINC raw files)"}
+
+
+def check_root(dataset: str, root: Path) -> Path:
+    """The folder of ``dataset`` (ogbg-molhiv or zinc) under ``root``, or a ``FileNotFoundError`` naming the files
+    missing and the expected layout (names only: nothing is read or downloaded)."""
+    if dataset == "ogbg-molhiv":
+        folder = root / "ogbg_molhiv"
+        names = ["mapping/mol.csv.gz", *(f"split/scaffold/{s}.csv.gz" for s in ("train", "valid", "test"))]
+    else:
+        folder = root / "ZINC" / "raw"
+        names = [f"{s}.{ext}" for s in ("train", "val", "test") for ext in ("pickle", "index")]
+    missing = [n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"no {', '.join(missing)} in {folder}; expected under {root}: {LAYOUTS[dataset]}")
+    return folder
+
+
 def load_molhiv(root: Path) -> MoleculeGraphs:
-    folder = root / "ogbg_molhiv"
+    folder = check_root("ogbg-molhiv", root)
     table, split_dir = folder / "mapping" / "mol.csv.gz", folder / "split" / "scaffold"
-    for path in (table, *(split_dir / f"{s}.csv.gz" for s in ("train", "valid", "test"))):
-        if not path.exists():
-            raise FileNotFoundError(f"no {path}; expected OGB's layout {folder}/mapping/mol.csv.gz and "
-                                    f"{folder}/split/scaffold/{{train,valid,test}}.csv.gz")
     with gzip.open(table, "rt", newline="") as f:
         rows = list(csv.DictReader(f))
     graphs = [molecule_graph(r["smiles"], torch.tensor([int(r["HIV_active"])])) for r in rows]
@@ -173,12 +189,7 @@ def load_zinc(root: Path) -> MoleculeGraphs:
     cache, whose ``raw`` folder links to the data root's."""
     from torch_geometric.datasets import ZINC
 
-    raw = root / "ZINC" / "raw"
-    names = [f"{s}.{ext}" for s in ("train", "val", "test") for ext in ("pickle", "index")]
-    missing = [n for n in names if not (raw / n).exists()]
-    if missing:
-        raise FileNotFoundError(f"no {', '.join(missing)} in {raw}; expected torch-geometric's ZINC raw layout "
-                                f"{raw}/{{train,val,test}}.{{pickle,index}}")
+    raw = check_root("zinc", root)
     tag = hashlib.sha256(str(raw.resolve()).encode()).hexdigest()[:8]
 
     def build(folder: Path) -> None:

@@ -108,21 +108,14 @@ class GraphsTask(Task):
     shipped_datasets = ("solubility", "freesolv")  # shipped in quest_graphs/data
 
     def data_layout(self, cfg: GraphsConfig) -> str:
-        return ("ogbg_molhiv/mapping/mol.csv.gz and ogbg_molhiv/split/scaffold/{train,valid,test}.csv.gz (OGB's "
-                "molhiv.zip unzipped there)" if cfg.dataset == "ogbg-molhiv" else
-                "ZINC/raw/{train,val,test}.{pickle,index} (torch-geometric's ZINC raw files)")
+        from quest_graphs.data import LAYOUTS
+
+        return LAYOUTS[cfg.dataset]
 
     def check_layout(self, cfg: GraphsConfig, root) -> None:
-        if cfg.dataset == "ogbg-molhiv":
-            folder = root / "ogbg_molhiv"
-            names = ["mapping/mol.csv.gz", *(f"split/scaffold/{s}.csv.gz" for s in ("train", "valid", "test"))]
-        else:
-            folder = root / "ZINC" / "raw"
-            names = [f"{s}.{ext}" for s in ("train", "val", "test") for ext in ("pickle", "index")]
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing:
-            raise ValueError(f"{cfg.dataset}: no {', '.join(missing)} in {folder}; expected under {root}: "
-                             f"{self.data_layout(cfg)}")
+        from quest_graphs.data import check_root
+
+        check_root(cfg.dataset, root)
 
     def run(self, cfg: GraphsConfig, ctx) -> TaskOutput:
         from quest_graphs.experiment import run  # torch-geometric and rdkit load only here
