@@ -189,7 +189,9 @@ def main(argv=None) -> None:
     parser.add_argument("--compiled", nargs="*", default=["quest", "qknorm"], help="variants also run compiled")
     parser.add_argument("--repeats", type=int, default=5, help="minimum rounds (round-robin over rows)")
     parser.add_argument("--min-seconds", type=float, default=2.0, help="minimum measured time per row and shape")
-    parser.add_argument("--quick", action="store_true", help="only quest and qknorm (a smoke run of the script)")
+    parser.add_argument("--quick", action="store_true", help="only softmax, quest and qknorm (a smoke run)")
+    parser.add_argument("--tables", nargs="+", default=["realistic", "overhead", "vit"],
+                        choices=["realistic", "overhead", "vit"], help="which tables to measure")
     parser.add_argument("--out", help="also write the Markdown tables here")
     args = parser.parse_args(argv)
     variants = ["softmax", "quest", "qknorm"] if args.quick else args.variants
@@ -199,12 +201,15 @@ def main(argv=None) -> None:
                else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads")
     lines = [f"Forward+backward on {args.device} ({machine}), torch {torch.__version__}; ≥ {args.repeats} rounds "
              f"and ≥ {args.min_seconds:g} s per row; ratios are paired against SDPA in the same run.", ""]
-    lines += shape_table("Realistic shapes", REALISTIC[args.device], rows, args.device, dtypes, args.repeats,
-                         args.min_seconds)
-    lines += shape_table("Overhead-bound shapes", OVERHEAD_BOUND, rows, args.device, dtypes, args.repeats,
-                         args.min_seconds)
-    lines += vit_block_table([v for v in variants if v != "softmax"], args.device, dtypes,
-                             64 if args.device == "cuda" else 8)
+    if "realistic" in args.tables:
+        lines += shape_table("Realistic shapes", REALISTIC[args.device], rows, args.device, dtypes, args.repeats,
+                             args.min_seconds)
+    if "overhead" in args.tables:
+        lines += shape_table("Overhead-bound shapes", OVERHEAD_BOUND, rows, args.device, dtypes, args.repeats,
+                             args.min_seconds)
+    if "vit" in args.tables:
+        lines += vit_block_table([v for v in variants if v != "softmax"], args.device, dtypes,
+                                 64 if args.device == "cuda" else 8)
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:

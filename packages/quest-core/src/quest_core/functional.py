@@ -140,8 +140,13 @@ class RecomputeSaved:
         self.outer = None  # the (pack, unpack) hooks active around this call, if any
 
     def add(self, out: torch.Tensor, raw: torch.Tensor, recompute) -> torch.Tensor:
-        """Register ``out`` = ``recompute(raw)``; returns ``out``."""
+        """Register ``out`` = ``recompute(raw)``; returns ``out``. A ``raw`` that is itself a registered output is
+        replaced by its own raw input, composing the recipes (the metric, then the normalisation)."""
         if out.requires_grad and not torch.compiler.is_compiling():
+            for earlier_out, earlier_raw, earlier_recompute in self.recipes:
+                if raw is earlier_out:
+                    raw, recompute = earlier_raw, _compose(earlier_recompute, recompute)
+                    break
             self.recipes.append((out, raw, recompute))
         return out
 
@@ -164,9 +169,10 @@ class RecomputeSaved:
 
     @contextlib.contextmanager
     def hooks(self):
-        """The context that applies the recipes to whatever autograd saves inside it. On exit the recipes' outputs
-        are released (autograd keeps the hooks, and with them this object, alive until backward)."""
-        if not self.recipes:
+        """The context, around the transform and the attention call, that applies the recipes (registered inside
+        it) to whatever autograd saves there. On exit the recipes' outputs are released (autograd keeps the hooks,
+        and with them this object, alive until backward)."""
+        if torch.compiler.is_compiling() or not torch.is_grad_enabled():
             yield
             return
         self.outer = torch._C._autograd._top_saved_tensors_default_hooks(False)  # torch has no public getter
@@ -175,6 +181,10 @@ class RecomputeSaved:
                 yield
         finally:
             self.recipes.clear()
+
+
+def _compose(first, second):
+    return lambda raw: second(first(raw))
 
 
 class _Kept(NamedTuple):
@@ -200,7 +210,8 @@ def transform_side(side: Side, x: torch.Tensor, params: dict[str, torch.Tensor],
         metric = params["metric"]
         if metric.shape[-3] != x.shape[-3]:
             metric = metric.repeat_interleave(x.shape[-3] // metric.shape[-3], dim=-3)
-        x = x * metric.to(x.dtype)
+        metric = metric.to(x.dtype)
+        x = saved.add(x * metric, x, lambda raw: raw * metric)
     gain = params[side.gain] if side.gain else None
     if gain is not None and side.gain_fn is not None:
         gain = side.gain_fn(gain)
@@ -223,8 +234,8 @@ def transform_qk(
     saved: RecomputeSaved | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply a variant's transforms (its declaration's ``q`` and ``k`` sides) with its parameters ``params`` (by
-    name, broadcast against (..., H, L, D)). Gains are folded into the normalisation. Pass ``saved`` and run the
-    attention call inside ``saved.hooks()`` to recompute q̂, k̂ in backward instead of storing them."""
+    name, broadcast against (..., H, L, D)). Gains are folded into the normalisation. Pass ``saved`` and run this
+    and the attention call inside ``saved.hooks()`` to recompute q̂, k̂ in backward instead of storing them."""
     params = params or {}
     return transform_side(spec.q, q_bhld, params, saved), transform_side(spec.k, k_bhld, params, saved)
 
@@ -341,9 +352,9 @@ def attention(
         )
     check_inputs(query, key, value, attn_mask, is_causal, enable_gqa)
     saved = RecomputeSaved()
-    query, key = transform_qk(spec, query, key, saved=saved)
-    scale = spec.default_scale(query.shape[-1]) if scale is None else scale
     with saved.hooks():
+        query, key = transform_qk(spec, query, key, saved=saved)
+        scale = spec.default_scale(query.shape[-1]) if scale is None else scale
         return sdpa(query, key, value, scale, attn_mask, is_causal, dropout_p)
 
 

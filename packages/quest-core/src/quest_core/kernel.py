@@ -148,16 +148,16 @@ class AttentionKernel(nn.Module):
         q_raw, k_raw = q_bhld, k_bhld
         self.update_metric(v_bhld, causal=is_causal, attn_mask=attn_mask)
         saved = RecomputeSaved()
-        q_bhld, k_bhld = self.transform(q_bhld, k_bhld, saved)
-        scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
-        if self.telemetry is not None:
-            self.telemetry.update(
-                attention_stats(
-                    q_raw, k_raw, q_bhld, k_bhld, scale, attn_mask, is_causal, self.telemetry.max_queries
+        with saved.hooks():  # q̂, k̂ (and the metric-scaled q, k) are recomputed in backward, not stored
+            q_bhld, k_bhld = self.transform(q_bhld, k_bhld, saved)
+            scale = self.spec.default_scale(q_bhld.shape[-1]) if scale is None else scale
+            if self.telemetry is not None:
+                self.telemetry.update(
+                    attention_stats(
+                        q_raw, k_raw, q_bhld, k_bhld, scale, attn_mask, is_causal, self.telemetry.max_queries
+                    )
                 )
-            )
-        if not need_weights:
-            with saved.hooks():
+            if not need_weights:
                 return sdpa(q_bhld, k_bhld, v_bhld, scale, attn_mask, is_causal, dropout_p)
         probs = attention_probs(q_bhld, k_bhld, scale, attn_mask, is_causal)
         dropped = nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
