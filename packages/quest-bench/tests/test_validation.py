@@ -8,6 +8,7 @@ import re
 import pytest
 
 from quest_bench.cli import main
+from quest_bench.spec import RunSpec
 from quest_bench.store import StoreLock
 
 FAST = ["--set", "steps=30", "--set", "eval_samples=200", "--quiet"]
@@ -126,3 +127,38 @@ def test_run_out_refuses_a_folder_another_run_is_writing(tmp_path, capsys):
     lines = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in lines]
     assert steps == sorted(set(steps))  # one writer: no duplicate or out-of-order steps
+
+
+def leaderboard_results(tmp_path):
+    from quest_bench.result import RunResult
+    from quest_bench.store import Store
+
+    store = Store(tmp_path / "results" / "board")
+    for variant in ("softmax", "quest"):
+        spec = RunSpec("spurious", variant, "tiny", 0, {}, "x")
+        store.write(spec, RunResult(run_id=spec.run_id, task="spurious", task_version="1", variant=variant,
+                                    preset="tiny", seed=0, overrides={}, status="ok", primary_metric="score",
+                                    metrics={"score": 0.5}))
+    return str(tmp_path / "results")
+
+
+def test_leaderboard_out_writes_only_into_a_new_empty_or_earlier_leaderboard_folder(tmp_path, capsys):
+    results = leaderboard_results(tmp_path)
+    mine = tmp_path / "mine"
+    (mine / "tables").mkdir(parents=True)
+    (mine / "README.md").write_text("my project")
+    (mine / "tables" / "data.csv").write_text("keep")
+    one_line_rc_2(capsys, ["leaderboard", "--suite", "board", "--results", results, "--out", str(mine)],
+                  r"--out .*mine is not empty and is not a leaderboard folder \(it holds README.md, tables\)")
+    assert (mine / "README.md").read_text() == "my project" and (mine / "tables" / "data.csv").read_text() == "keep"
+    board = tmp_path / "board"
+    for _ in range(2):  # new, then its own folder again (the marker)
+        assert main(["leaderboard", "--suite", "board", "--results", results, "--out", str(board)]) == 0
+    assert (board / ".quest-bench-leaderboard").exists() and (board / "index.html").exists()
+    (board / ".quest-bench-leaderboard").unlink()  # a folder written before the marker existed: its outputs only
+    assert main(["leaderboard", "--suite", "board", "--results", results, "--out", str(board)]) == 0
+    (board / "notes.txt").write_text("mine")
+    (board / ".quest-bench-leaderboard").unlink()
+    one_line_rc_2(capsys, ["leaderboard", "--suite", "board", "--results", results, "--out", str(board)],
+                  r"is not a leaderboard folder")
+    assert (board / "notes.txt").read_text() == "mine"

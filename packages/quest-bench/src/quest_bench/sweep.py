@@ -273,6 +273,11 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
     with ray_session(address, max_retries) as ray:
         if not wait_for_resources:  # refused before anything is written
             check_feasible(todo, places, ray.nodes())
+        waiting = infeasible(todo, places, ray.nodes()) if wait_for_resources else {}
+        for run_id, need in waiting.items():  # no silent waits: what each run waits for, and for how long
+            spec = next(s for s in todo if s.run_id == run_id)
+            print(f"waiting for resources: {need}; giving up after "
+                  f"{run_timeout or get_task(spec.task).timeout_for(spec.preset):g} s (--run-timeout)", file=sys.stderr)
         with store.lock(wait):
             todo = todo_specs(suite, store)  # another driver may have finished some while we waited for the lock
             counts["skipped"] = len(suite.specs) - len(todo)
@@ -280,8 +285,19 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
                   f"to run -> {store.root}", file=sys.stderr)
             if todo:
                 run_specs(ray, todo, places, store, counts, data_root, max_retries, run_timeout, progress,
-                          checkpoint_every, storage)
+                          checkpoint_every, storage, waiting)
     return counts
+
+
+def infeasible(specs: list[RunSpec], places: dict[str, Placement], nodes: list[dict]) -> dict[str, str]:
+    """The runs that the alive nodes cannot host now, each with what it needs and what the nodes have."""
+    out = {}
+    for spec in specs:
+        try:
+            check_feasible([spec], places, nodes)
+        except ValueError as err:
+            out[spec.run_id] = str(err).split(". Use a smaller preset")[0]
+    return out
 
 
 def sweep_in_stages(suite: Suite, results_dir: Path, options: dict) -> dict[str, int]:
@@ -307,6 +323,24 @@ def sweep_in_stages(suite: Suite, results_dir: Path, options: dict) -> dict[str,
 # the driver, which its processes inherit. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is Ray's switch for that mode
 # (the default on macOS and Windows); it is read when ray is imported, hence also set on ray_constants below.
 LOCAL_RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray's metrics (a Prometheus endpoint per node, which Ray serves without authentication, on 127.0.0.1 in
+# single-machine mode) are off for a local instance: the raylet then starts its agent with
+# --disable-metrics-collection, and no metrics export port is opened. Nothing here reads them.
+NO_METRICS = {"enable_metrics_collection": False}
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a Ray address (host:port, ray://host:port) names this machine's loopback interface."""
+    import ipaddress
+
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @contextmanager
@@ -318,12 +352,21 @@ def ray_session(address: str | None, max_retries: int):
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         import ray
+        from ray._private import ray_constants
 
-        init_keeping_sigterm(ray, address=address, log_to_driver=False)
+        saved_mode, saved_flag = os.environ.get(SINGLE_MACHINE), ray_constants.ENABLE_RAY_CLUSTER
+        if is_loopback(address):  # the driver stays on 127.0.0.1 too (Ray would take the machine's network address)
+            os.environ[SINGLE_MACHINE], ray_constants.ENABLE_RAY_CLUSTER = "0", False
         try:
+            init_keeping_sigterm(ray, address=address, log_to_driver=False)
             yield ray
         finally:
             ray.shutdown()
+            if saved_mode is None:
+                os.environ.pop(SINGLE_MACHINE, None)
+            else:
+                os.environ[SINGLE_MACHINE] = saved_mode
+            ray_constants.ENABLE_RAY_CLUSTER = saved_flag
         return
     saved = {k: os.environ.get(k) for k in (*LOCAL_RAY_ENV, "RAY_AUTH_TOKEN")}
     os.environ.update(LOCAL_RAY_ENV, RAY_AUTH_TOKEN=secrets.token_hex(32))
@@ -333,7 +376,7 @@ def ray_session(address: str | None, max_retries: int):
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     try:
         start_local_ray(ray, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                        _system_config={"task_oom_retries": max_retries},
+                        _system_config={"task_oom_retries": max_retries, **NO_METRICS},
                         runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
         yield ray
     finally:
@@ -562,6 +605,20 @@ def run_specs(ray, todo: list[RunSpec], places: dict[str, Placement], store: Sto
                     del pending[ref]
                     reason = f"timeout: still running after {timeouts[spec.run_id]:g} s (--run-timeout)"
                     finish(store, spec, failed_result(spec, reason), reason + "\n", counts, bar)
+            for run_id in [r for r in waiting if r in elapsed]:  # started: its timeout runs from now on
+                del waiting[run_id]
+            late = [(ref, spec) for ref, spec in pending.items() if spec.run_id in waiting
+                    and time.monotonic() - submitted > timeouts[spec.run_id]]
+            still = infeasible([spec for _, spec in late], places, ray.nodes()) if late else {}
+            for ref, spec in late:
+                need = waiting.pop(spec.run_id)
+                if spec.run_id not in still:  # placeable now (the cluster grew): it queues like any other run
+                    continue
+                ray.cancel(ref, force=True)
+                del pending[ref]
+                reason = (f"timeout: waited {timeouts[spec.run_id]:g} s for resources no node has (--run-timeout): "
+                          f"{need}")
+                finish(store, spec, failed_result(spec, reason), reason + "\n", counts, bar)
     finally:
         bar.close()
         for ref in pending:  # interrupted: stop what still runs (a local instance stops with the driver anyway)

@@ -1,0 +1,88 @@
+"""No silent waits, and Ray kept on loopback: ``--wait-for-resources`` says what each run waits for and gives up after
+its timeout; a local Ray instance opens no metrics endpoint and listens on 127.0.0.1 only; joining a loopback
+``--address`` keeps the driver on loopback too."""
+
+import json
+import os
+
+import pytest
+
+import quest_bench.sweep as sweep
+from quest_bench.spec import RunSpec
+from quest_sdk.task import Resources, Task, TaskOutput
+
+
+@pytest.mark.parametrize("address, loopback", [("127.0.0.1:6379", True), ("localhost:6379", True),
+                                               ("ray://127.0.0.1:10001", True), ("[::1]:6379", True),
+                                               ("127.0.1.1:6379", True), ("10.0.0.5:6379", False),
+                                               ("head.cluster:6379", False), ("auto", False)])
+def test_loopback_addresses_are_recognised(address, loopback):
+    assert sweep.is_loopback(address) is loopback
+
+
+def test_joining_a_loopback_address_keeps_the_driver_on_loopback(monkeypatch):
+    from ray._private import ray_constants
+
+    seen = {}
+
+    def fake_init(ray, **kwargs):
+        seen.update(address=kwargs["address"], mode=os.environ.get(sweep.SINGLE_MACHINE),
+                    cluster=ray_constants.ENABLE_RAY_CLUSTER)
+
+    monkeypatch.setattr(sweep, "init_keeping_sigterm", fake_init)
+    monkeypatch.delenv(sweep.SINGLE_MACHINE, raising=False)
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    with sweep.ray_session("127.0.0.1:6379", 0):
+        pass
+    assert seen == {"address": "127.0.0.1:6379", "mode": "0", "cluster": False}
+    assert sweep.SINGLE_MACHINE not in os.environ and ray_constants.ENABLE_RAY_CLUSTER == before  # restored
+    with sweep.ray_session("10.0.0.5:6379", 0):
+        pass
+    assert seen["mode"] is None and seen["cluster"] == before  # a real cluster address is left alone
+
+
+class GpuTask(Task):
+    name, version, primary_metric = "gpu-only", "1", "score"
+    presets = {"tiny": {}}
+    resources = {"tiny": Resources(num_cpus=1, num_gpus=1)}
+
+    def make_config(self, preset, overrides=None):
+        return object()
+
+    def run(self, config, ctx):
+        return TaskOutput(metrics={"score": 1.0})
+
+
+@pytest.mark.slow
+def test_wait_for_resources_says_what_it_waits_for_and_gives_up_after_the_timeout(tmp_path, monkeypatch, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the run would be placeable")
+    monkeypatch.setattr(sweep, "get_task", lambda name: GpuTask())
+    monkeypatch.setattr(sweep, "POLL_S", 0.5)
+    spec = RunSpec("gpu-only", "quest", "tiny", 0, {}, "x")
+    suite = type("S", (), {"name": "waits", "specs": [spec], "tune": (), "confirm": ()})()
+    counts = sweep.run_sweep(suite, tmp_path, wait_for_resources=True, run_timeout=3, progress=False)
+    assert counts["failed"] == 1
+    err = capsys.readouterr().err
+    assert "waiting for resources: run gpu-only/quest/tiny/seed0 needs 1 worker(s) of 1 CPUs, 1 GPUs" in err
+    assert "giving up after 3 s (--run-timeout)" in err
+    result = json.loads((tmp_path / "waits" / "runs" / spec.run_id / "result.json").read_text())
+    assert result["status"] == "failed"
+    assert result["reason"].startswith("timeout: waited 3 s for resources no node has (--run-timeout): run ")
+
+
+@pytest.mark.slow
+def test_a_local_instance_listens_on_loopback_only_and_serves_no_metrics():
+    import psutil
+
+    with sweep.ray_session(None, 0) as ray:
+        node = ray.nodes()[0]
+        assert node["NodeManagerAddress"] == "127.0.0.1"
+        ours = {p.pid for p in psutil.Process().children(recursive=True)}
+        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+        assert listening, "no listening socket of Ray's processes found"
+        assert {c.laddr.ip for c in listening} <= {"127.0.0.1", "::1"}, listening
+        export_port = node.get("MetricsExportPort")
+        assert not export_port or export_port < 0 or export_port not in {c.laddr.port for c in listening}
