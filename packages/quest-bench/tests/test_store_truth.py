@@ -51,7 +51,7 @@ TAMPERED = {
     "config nested too deeply": ("config", {"a": json.loads("[" * 200 + "]" * 200)}),
     "diverged_step negative": ("diverged_step", -2),
     "metric_directions not booleans": ("metric_directions", {"robust_success": 1}),
-    "data not strings": ("data", {"dataset": 5}),
+    "data a list": ("data", ["dataset"]),
     "reason a number": ("reason", 5),
     "finished_at a number": ("finished_at", 5),
 }
@@ -185,3 +185,18 @@ def test_a_bad_events_file_is_skipped_with_one_line_naming_it(content, tmp_path,
     assert (folder / "spurious-tiny-curves.png").exists()  # the good run's curves are still drawn
     rows = read_events(bad.parent)
     assert rows == ([] if content.startswith(b"\x00") else [{"step": 3}, {"step": 4, "loss": 0.5}])
+
+
+def test_a_worker_result_that_does_not_fit_the_schema_is_a_failed_run_not_a_crash():
+    import types
+
+    import ray
+
+    from quest_bench.sweep import outcome
+
+    spec = RunSpec("spurious", "quest", "tiny", 0, {}, "x")
+    data = json.loads(good_result(spec).to_json())
+    data["metrics"] = {"robust_success": "high"}
+    fake = types.SimpleNamespace(get=lambda ref: json.dumps(data), exceptions=ray.exceptions)
+    result, error = outcome(fake, None, spec, 0)
+    assert result.status == "failed" and "invalid result: field 'metrics'" in result.reason and error

@@ -118,10 +118,7 @@ def check_record(data) -> None:
     value = data.get("metric_directions", {})
     if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
         wrong("metric_directions", "an object of true/false (higher is better) by metric name")
-    value = data.get("data", {})
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        wrong("data", "an object of strings")
-    for key in ("overrides", "env", "config"):
+    for key in ("overrides", "env", "config", "data"):
         if not isinstance(data.get(key, {}), dict):
             wrong(key, "an object")
         if depth(data.get(key, {})) > MAX_DEPTH:

@@ -640,6 +640,9 @@ def outcome(ray, ref, spec: RunSpec, max_retries: int) -> tuple[RunResult, str |
     except ray.exceptions.RayError as err:  # the worker process died on every attempt
         reason = f"worker died on every attempt ({max_retries} retries): {type(err).__name__}"
         return failed_result(spec, reason), str(err)
+    except ValueError as err:  # a result that does not fit the schema (e.g. a metric that is not a number); after
+        reason = f"the run returned an invalid result: {err}"  # RayTaskError, which may also be a ValueError
+        return failed_result(spec, reason), reason
 
 
 def finish(store: Store, spec: RunSpec, result: RunResult, error: str | None, counts: dict, bar) -> None:
