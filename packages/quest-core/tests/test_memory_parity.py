@@ -15,7 +15,7 @@ from quest_core.functional import RecomputeSaved, transform_qk
 timm = pytest.importorskip("timm")
 
 PLAIN = ["quest", "qnorm"]
-GAINED = ["qknorm", "qknorm-hs", "qknorm-ds", "cosine", "qk-layernorm"]
+GAINED = ["qknorm", "qknorm-hs", "qknorm-ds", "cosine", "qk-layernorm", "elliptical", "elliptical-quest"]
 
 
 @pytest.fixture(scope="module")
