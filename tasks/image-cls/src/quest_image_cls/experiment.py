@@ -25,9 +25,7 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
     device = torch.device(ctx.device)
     train_set, test_set, data_id, eval_view = load_data(cfg, ctx.data_root)
     train_set, val_set = hold_out(train_set, eval_view, cfg.val_fraction)
-    vit = build_vit(ctx.variant, cfg.img_size, cfg.patch_size, D.CHANNELS[cfg.dataset], D.NUM_CLASSES[cfg.dataset],
-                    cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio, cfg.drop_path)
-    model = Classifier(vit, *D.MEAN_STD[cfg.dataset]).to(device)
+    model = build_model(cfg, ctx.variant).to(device)
     samples = train(model, cfg, train_set, ctx)
 
     # Evaluation streams through the datasets, never holding a whole split in memory: the evaluations over datasets
@@ -59,6 +57,14 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
                      title=f"{ctx.variant}: CLS attention, last block", device=device)
     metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)
+
+
+def build_model(cfg: ImageClsConfig, variant: str) -> Classifier:
+    """The config's ViT with attention ``variant``, behind the dataset's pixel normalisation (on the CPU)."""
+    vit = build_vit(variant, cfg.img_size, cfg.patch_size, D.CHANNELS[cfg.dataset], D.NUM_CLASSES[cfg.dataset],
+                    cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_ratio, cfg.drop_path)
+    vit.set_grad_checkpointing(cfg.grad_checkpointing)
+    return Classifier(vit, *D.MEAN_STD[cfg.dataset])
 
 
 def load_data(cfg: ImageClsConfig, data_root: str | None):
