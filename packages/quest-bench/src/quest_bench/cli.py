@@ -417,12 +417,67 @@ def cmd_sweep(args) -> int:
     return 0 if counts["failed"] == 0 else 1
 
 
-def cmd_leaderboard(args) -> int:
-    from quest_bench.leaderboard import write_leaderboard
-    from quest_bench.runs import ADHOC, adhoc_runs, collect
+def suite_selection(runs, given: list[str]) -> tuple[set[str], tuple[str, ...], tuple[int, ...]]:
+    """The run ids of the suites ``given`` (names or files) as defined now (same specs, same code versions; stage 2
+    of a confirming suite once due), the tuning keys of the first tuned one and the stage-2 seeds of the first
+    confirming one. A suite with no file (e.g. results copied from a cluster): every run stored under its name."""
     from quest_bench.suite import load_suite, suite_name
     from quest_bench.tuning import confirmation_specs
 
+    run_ids: set[str] = set()
+    tune: tuple[str, ...] = ()
+    confirm: tuple[int, ...] = ()
+    for name in given:
+        try:
+            suite = load_suite(name)
+            run_ids |= {spec.run_id for spec in suite.specs}
+            run_ids |= {spec.run_id for spec in confirmation_specs(suite, runs.results)[0]}  # stage 2, once due
+            tune, confirm = tune or suite.tune, confirm or suite.confirm
+        except ValueError as err:
+            if "unknown suite" not in str(err):
+                raise
+            run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == suite_name(name)}
+    return run_ids, tune, confirm
+
+
+def cmd_publish(args) -> int:
+    """`publish --suite S`: the suite's runs as data in <out>/S (quest_bench.publish)."""
+    from quest_bench.publish import folder_bytes, publish
+    from quest_bench.runs import collect
+    from quest_bench.suite import suite_name
+
+    check_results_folder(Path(args.results))
+    name = suite_name(args.suite)
+    if not (Path(args.results) / name / "runs").is_dir():
+        raise ValueError(f"no results for suite {name!r} under {args.results}; run `quest-bench sweep --suite {name}` "
+                         "first, or pass --results FOLDER")
+    runs = collect(Path(args.results), [name], False)
+    run_ids, tune, confirm = suite_selection(runs, [args.suite])
+    folder = publish(runs, runs.matching(run_ids), name, Path(args.out), tune, confirm)
+    print(f"published {name}: {folder} ({folder_bytes(folder):,} bytes); regenerate its leaderboard with "
+          f"`quest-bench leaderboard --from {folder}`")
+    return 0
+
+
+def cmd_leaderboard_from(args) -> int:
+    """`leaderboard --from DIR`: a published suite's leaderboard, regenerated from that folder alone."""
+    from quest_bench.publish import leaderboard_from
+
+    if args.suite or args.adhoc or getattr(args, "task", None):
+        raise ValueError("leaderboard --from DIR reads a published suite alone: leave out --suite, --task and --adhoc")
+    out = leaderboard_from(Path(args.published), Path(args.out) if args.out else None)
+    print(f"leaderboard: {out / 'README.md'}" + (f"\n             {out / 'index.html'}"
+                                                 if (out / "index.html").exists() else ""))
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    from quest_bench.leaderboard import write_leaderboard
+    from quest_bench.runs import ADHOC, adhoc_runs, collect
+    from quest_bench.suite import suite_name
+
+    if args.published:  # a published suite's folder alone
+        return cmd_leaderboard_from(args)
     existing_results(Path(args.results))
     args.suite = given_suites(args)
     if not args.suite and not args.adhoc:
@@ -435,19 +490,7 @@ def cmd_leaderboard(args) -> int:
     runs = collect(Path(args.results), names, False) if names else adhoc_runs(Path(args.results))
     if names and args.adhoc:
         runs.merge(adhoc_runs(Path(args.results)))
-    run_ids = set()  # only the runs of the suites as defined now (same specs, same code versions)
-    tune: tuple[str, ...] = ()  # the tuning keys of the (first) tuned suite
-    confirm: tuple[int, ...] = ()  # the stage-2 seeds of the (first) confirming suite
-    for given in args.suite or []:
-        try:
-            suite = load_suite(given)
-            run_ids |= {spec.run_id for spec in suite.specs}
-            run_ids |= {spec.run_id for spec in confirmation_specs(suite, runs.results)[0]}  # stage 2, once due
-            tune, confirm = tune or suite.tune, confirm or suite.confirm
-        except ValueError as err:  # no suite file (e.g. results copied from a cluster): every run of that suite
-            if "unknown suite" not in str(err):
-                raise
-            run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == suite_name(given)}
+    run_ids, tune, confirm = suite_selection(runs, args.suite or [])
     if args.adhoc:
         run_ids |= {r.run_id for r in runs.results if runs.suites[r.run_id] == ADHOC}
     title = "+".join(names + ([ADHOC] if args.adhoc else []))
@@ -596,8 +639,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_shape_args(board, "the suite `sweep --task ...` made with the same options")
     board.add_argument("--adhoc", action="store_true", help="the runs of `quest-bench run` under <results>/adhoc")
     board.add_argument("--results", default="results")
-    board.add_argument("--out", help="output folder (default: <results>/<suite>/leaderboard)")
+    board.add_argument("--out", help="output folder (default: <results>/<suite>/leaderboard; with --from: "
+                       "DIR/leaderboard)")
+    board.add_argument("--from", dest="published", metavar="DIR", help="regenerate a published suite's leaderboard "
+                       "from its folder alone (docs/results/<suite>, written by `quest-bench publish`)")
     board.set_defaults(fn=cmd_leaderboard)
+
+    pub = sub.add_parser("publish", help="a suite's runs as data to commit: run table, curves, leaderboard tables "
+                         "and figures in docs/results/<suite> (see docs/results.md)")
+    pub.add_argument("--suite", required=True, help="suite name or file")
+    pub.add_argument("--results", default="results", help="results folder (default: ./results)")
+    pub.add_argument("--out", default="docs/results", help="where the suite's folder goes (default: docs/results)")
+    pub.set_defaults(fn=cmd_publish)
 
     runs = sub.add_parser("runs", help="list finished runs (all suites and ad-hoc runs by default)")
     runs.add_argument("--suite", action="append", help="only this suite (repeatable)")

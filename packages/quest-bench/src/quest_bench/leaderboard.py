@@ -124,6 +124,11 @@ def variant_order(variants) -> list[str]:
     return sorted(variants, key=lambda v: (known.index(v) if v in known else len(known), v))
 
 
+def run_figure_path(run_id: str, stem: str) -> Path:
+    """Where the leaderboard folder keeps its copy of a run's figure ``<stem>.png``."""
+    return Path("run-figures") / f"{run_id[:12]}-{slug(stem)}.png"
+
+
 class TaskBoard:
     """Everything the leaderboard says about one (task, preset)."""
 
@@ -252,7 +257,7 @@ class TaskBoard:
             runs = sorted(self.ok(v), key=lambda r: r.seed)
             pngs = sorted(run_folders[runs[0].run_id].glob("*.png")) if runs else []
             for png in pngs:
-                copy = Path("run-figures") / f"{runs[0].run_id[:12]}-{slug(png.stem)}.png"
+                copy = run_figure_path(runs[0].run_id, png.stem)
                 (folder / copy).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(png, folder / copy)
                 links.append(f"[{md(v)}: {md(png.stem)} (seed {runs[0].seed})]({copy.as_posix()})")
@@ -457,8 +462,9 @@ def read_events(run_folder: Path) -> list[dict]:
     return rows
 
 
-def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path) -> bool:
-    """Training curves averaged over each variant's runs; False if no run logged any."""
+def curve_means(board: TaskBoard, run_folders: dict[str, Path]) -> dict[str, dict[str, dict[int, float]]]:
+    """The training curves the figure plots: curve key -> variant -> step -> mean over the variant's runs that
+    logged that step (keys in ``CURVE_KEYS`` order, variants in the board's)."""
     series: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for variant in board.variants:
         for r in board.by_variant[variant]:
@@ -466,6 +472,15 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path) ->
                 for key in CURVE_KEYS:
                     if key in row:
                         series[key][variant][row["step"]].append(row[key])
+    return {key: {variant: {step: sum(values) / len(values) for step, values in by_step.items()}
+                  for variant, by_step in series[key].items()} for key in CURVE_KEYS if key in series}
+
+
+def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path,
+                  means: dict[str, dict[str, dict[int, float]]] | None = None) -> bool:
+    """Training curves averaged over each variant's runs (``means``: ``curve_means`` given, e.g. from a published
+    suite, instead of read from the run folders); False if no run logged any."""
+    series = curve_means(board, run_folders) if means is None else means
     keys = [k for k in CURVE_KEYS if k in series]
     if not keys:
         return False
@@ -477,7 +492,7 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path) ->
     for ax, key in zip(axes.flat, keys):
         for variant, by_step in series[key].items():
             steps = sorted(by_step)
-            ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], label=plot_text(variant),
+            ax.plot(steps, [by_step[s] for s in steps], label=plot_text(variant),
                     lw=2.0 if variant in ("quest", BASELINE) else 1.0, color=variant_color(variant))
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
@@ -980,13 +995,16 @@ def to_html(suite: str, md_text: str, folder: Path, figures: set[str] = frozense
 
 
 def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None = None,
-                      folder: Path | None = None, tune: tuple[str, ...] = (), confirm: tuple[int, ...] = ()) -> Path:
+                      folder: Path | None = None, tune: tuple[str, ...] = (), confirm: tuple[int, ...] = (),
+                      curves=None) -> Path:
     """Write README.md, index.html and the PNG figures to ``folder`` (default <results>/<suite>/leaderboard/ for a
     Store); return that folder. ``runs``: one suite's Store, or any RunSet (ad-hoc runs, several suites merged).
 
     ``run_ids``: the runs of the suite as defined now; others in the folder (older code versions) are left out.
     ``tune``: the suite's tuning keys (``Suite.tune``): each task gets its equal-tuning-budget table. ``confirm``: a
     confirming suite's stage-2 seeds (``Suite.confirm``): cells are chosen without them and reported with them.
+    ``curves``: a function from the board a curves figure shows to its ``curve_means`` (a published suite's, or
+    one that records them), called instead of ``curve_means`` on the run folders' events.jsonl files.
     Runs that cannot be used (failed, or ok without a finite primary metric) get one warning line each on stderr;
     failed ones are counted in the tables, and the next sweep runs them again.
     """
@@ -1016,7 +1034,8 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
         shown = at_chosen_cells(b, tune, confirm) if tune else b  # a tuned suite: each variant at its chosen cell
         bar_figure(shown, folder / f"{stem}-bars.png")
         figures[b.title] = [f"{stem}-bars.png"]
-        if curves_figure(shown, runs.folders, folder / f"{stem}-curves.png"):
+        means = None if curves is None else curves(shown)
+        if curves_figure(shown, runs.folders, folder / f"{stem}-curves.png", means):
             figures[b.title].append(f"{stem}-curves.png")
         if b.margin_rates():
             margin_figure(b, folder / f"{stem}-margin.png")
