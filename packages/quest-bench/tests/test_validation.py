@@ -23,6 +23,7 @@ RUN_OPTIONS = {
     "checkpoint-every -5": (["--checkpoint-every", "-5"], r"--checkpoint-every must be an integer >= 0, got -5"),
     "max-failures -1": (["--max-failures", "-1"], r"--max-failures must be an integer >= 0"),
     "attention empty": (["--attention", ""], r"invalid variant name ''"),
+    "preset unknown": (["--preset", "huge"], r"task 'spurious' has no preset 'huge'; valid presets: tiny, small, paper"),
 }
 
 SPEC_FIELDS = {
@@ -31,7 +32,8 @@ SPEC_FIELDS = {
     "seed true": ({"seed": True}, r"'seed' must be an integer from 0 to 4294967295, got True"),
     "seed 1e23": ({"seed": 1e23}, r"'seed' must be an integer from 0 to 4294967295"),
     "seed -1": ({"seed": -1}, r"'seed' must be an integer"),
-    "preset unknown": ({"preset": "huge"}, r"'preset' must be one of tiny, small, paper"),
+    "preset unknown": ({"preset": "huge"}, r"task 'spurious' has no preset 'huge'; valid presets: tiny, small, paper"),
+    "preset a number": ({"preset": 5}, r"'preset' must be a name \(a string\), got 5"),
     "task a number": ({"task": 5}, r"'task' must be a name"),
     "overrides nested": ({"overrides": {"a": json.loads("[" * 100 + "]" * 100)}}, r"nested at most 32 levels"),
     "data_root a list": ({"data_root": ["x"]}, r"'data_root' must be null or a path"),
