@@ -195,10 +195,11 @@ def test_leaderboard_page_summary_provenance_tables_and_a_copyable_folder(tmp_pa
     assert "finished 2026-12-01T00:00:00+00:00 to 2026-12-03T00:00:00+00:00" in md
     tables = sorted(p.name for p in (folder / "tables").iterdir())
     assert tables == ["01-Summary_vs_softmax.csv", "01-Summary_vs_softmax.json", "02-Verdicts_one_decision_rule.csv",
-                      "02-Verdicts_one_decision_rule.json", "03-lm_tiny.csv", "03-lm_tiny.json"]
+                      "02-Verdicts_one_decision_rule.json", "03-lm_tiny.csv", "03-lm_tiny.json",
+                      "results.csv", "results.json"]  # the numbers as numbers
     assert "no verdict: n = 3 < 10 pairs" in md  # the decision rule's table: 3 pairs decide nothing
     rows = json.loads((folder / "tables" / "03-lm_tiny.json").read_text())
-    assert [r["variant"] for r in rows] == ["softmax", "quest"] and rows[1]["n"] == "3"
+    assert [r["variant"] for r in rows] == ["softmax", "quest"] and rows[1]["n"] == 3  # a number, not "3"
     page = (folder / "index.html").read_text()
     assert "`" not in page and "<code>valid_ppl</code>" in page
     copied = tmp_path / "elsewhere"
