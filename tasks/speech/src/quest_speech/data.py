@@ -12,7 +12,8 @@ the real Speech Commands v2 and LibriSpeech folders (``--data-root``).
 - Real recordings (shipped, ``quest_speech/data``; built by ``scripts/build_real_recordings.py``): the ten digits
   spoken by one real speaker (Asterisk's prompts, 8 kHz) and five LibriVox read sentences with transcripts.
 
-Generated sets are cached under ``~/.cache/quest-bench/speech`` (int16), keyed by their arguments.
+Generated sets are cached under ``~/.cache/quest-bench/speech`` (int16), keyed by their arguments. The real
+datasets are read lazily (``AudioFiles``): a split is its file paths and lengths, each waveform read when it is used.
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
+import math
+import operator
 import os
 import re
 import zlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
 import torch
 
 from quest_sdk.data import CACHE as SDK_CACHE
@@ -43,19 +48,57 @@ CHARS = " '" + "abcdefghijklmnopqrstuvwxyz"  # CTC targets are 1..len(CHARS); 0 
 SYNTH_VERSION = 1  # bump when synthesis changes (part of the cache key)
 
 
+class AudioFiles(Sequence):
+    """Audio files as a sequence of waveforms read when indexed (``read_audio``: float32 (T,) at 16 kHz), so that a
+    real dataset's split is never held in memory; ``lengths`` (samples at 16 kHz) come from the files' headers."""
+
+    def __init__(self, paths: list[Path], lengths: list[int] | None = None):
+        self.paths = [Path(p) for p in paths]
+        self.lengths = list(lengths) if lengths is not None else [resampled_length(p) for p in self.paths]
+        if len(self.lengths) != len(self.paths):
+            raise ValueError(f"{len(self.paths)} audio files but {len(self.lengths)} lengths")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"AudioFiles is indexed by one integer (a waveform), got {type(i).__name__}; "
+                            "use select() for several") from None
+        return read_audio(self.paths[i])
+
+    def select(self, idx: list[int]) -> "AudioFiles":
+        """The files ``idx``, still unread."""
+        return AudioFiles([self.paths[i] for i in idx], [self.lengths[i] for i in idx])
+
+
+def resampled_length(path: Path) -> int:
+    """The samples of ``path`` at 16 kHz, from its header (torchaudio's resampling rounds the length up)."""
+    info = sf.info(str(path))
+    return info.frames if info.samplerate == SAMPLE_RATE else math.ceil(info.frames * SAMPLE_RATE / info.samplerate)
+
+
 @dataclass
 class Utterances:
-    """Waveforms (float32, 16 kHz) with their targets (word index or transcript) and speaker (voice) ids."""
+    """Waveforms (float32, 16 kHz: tensors in memory, or ``AudioFiles`` read when used) with their targets (word
+    index or transcript) and speaker (voice) ids."""
 
-    audio: list[torch.Tensor]
+    audio: list[torch.Tensor] | AudioFiles
     targets: list
     speakers: list[str]
 
     def __len__(self) -> int:
         return len(self.audio)
 
+    def lengths(self) -> list[int]:
+        """Each waveform's samples (without reading files)."""
+        return list(self.audio.lengths) if isinstance(self.audio, AudioFiles) else [len(a) for a in self.audio]
+
     def select(self, idx: list[int]) -> "Utterances":
-        return Utterances([self.audio[i] for i in idx], [self.targets[i] for i in idx], [self.speakers[i] for i in idx])
+        audio = self.audio.select(idx) if isinstance(self.audio, AudioFiles) else [self.audio[i] for i in idx]
+        return Utterances(audio, [self.targets[i] for i in idx], [self.speakers[i] for i in idx])
 
     def hold_out_voices(self, fraction: float, seed: int = 0) -> tuple["Utterances", "Utterances | None"]:
         """(train, validation): every utterance of a seeded ``fraction`` of the voices (speakers) held out, so that
@@ -168,7 +211,8 @@ def librivox() -> Utterances:
 
 def speech_commands(root: str | Path, subset: str, limit: int = 0) -> Utterances:
     """Speech Commands v2 (``<root>/SpeechCommands/speech_commands_v0.02/<word>/*.wav``) through
-    ``torchaudio.datasets.SPEECHCOMMANDS`` (no download; audio read with soundfile), restricted to ``WORDS``."""
+    ``torchaudio.datasets.SPEECHCOMMANDS`` (no download; audio read with soundfile when used), restricted to
+    ``WORDS``."""
     from torchaudio.datasets import SPEECHCOMMANDS
 
     folder = Path(root) / "SpeechCommands" / "speech_commands_v0.02"
@@ -181,17 +225,18 @@ def speech_commands(root: str | Path, subset: str, limit: int = 0) -> Utterances
         relpath, _, label, speaker, _ = dataset.get_metadata(n)
         if label not in WORDS:
             continue
-        audio.append(read_audio(Path(dataset._archive) / relpath))
+        audio.append(Path(dataset._archive) / relpath)
         labels.append(WORDS.index(label))
         speakers.append(speaker)
         if limit and len(audio) >= limit:
             break
-    return Utterances(audio, labels, speakers)
+    return Utterances(AudioFiles(audio), labels, speakers)
 
 
 def librispeech(root: str | Path, url: str, limit: int = 0) -> Utterances:
     """A LibriSpeech split (``<root>/LibriSpeech/<url>/<speaker>/<chapter>/*.flac`` + ``*.trans.txt``) through
-    ``torchaudio.datasets.LIBRISPEECH`` (no download; audio read with soundfile); transcripts lower-cased."""
+    ``torchaudio.datasets.LIBRISPEECH`` (no download; audio read with soundfile when used); transcripts
+    lower-cased."""
     from torchaudio.datasets import LIBRISPEECH
 
     if not (Path(root) / "LibriSpeech" / url).is_dir():
@@ -201,10 +246,10 @@ def librispeech(root: str | Path, url: str, limit: int = 0) -> Utterances:
     audio, texts, speakers = [], [], []
     for i in range(n):
         relpath, _, transcript, speaker, _, _ = dataset.get_metadata(i)
-        audio.append(read_audio(Path(dataset._archive) / relpath))
+        audio.append(Path(dataset._archive) / relpath)
         texts.append(transcript.lower())
         speakers.append(str(speaker))
-    return Utterances(audio, texts, speakers)
+    return Utterances(AudioFiles(audio), texts, speakers)
 
 
 def encode_text(text: str) -> torch.Tensor:
