@@ -25,7 +25,7 @@ test-fast: setup  # skips the end-to-end Ray runs
 bench: setup
 	$(VENV_PY) benchmarks/attention_speed.py --out benchmarks/results-cpu.md
 
-gpu-check: setup  # on a GPU machine (~5 min, no datasets): the CUDA tests, then lm at paper size (docs/cluster.md)
+gpu-check: setup  # on a GPU machine (no datasets): the CUDA tests, then lm at paper size (docs/gpu-check.md)
 	$(VENV_PY) benchmarks/gpu_check.py --out docs/gpu-check.md
 
 setup: apt .venv/.synced

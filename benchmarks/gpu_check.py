@@ -1,4 +1,4 @@
-"""``make gpu-check``: what a lent GPU should confirm, in one command (about 5 minutes on one H100, no datasets).
+"""``make gpu-check``: what a lent GPU should confirm, in one command (no datasets; docs/gpu-check.md).
 
     .venv/bin/python benchmarks/gpu_check.py [--steps 300] [--out docs/gpu-check.md] [--skip-tests]
 
@@ -10,6 +10,9 @@
    sustained training TFLOP/s those tokens/s mean for the paper model (``Throughput.flops_per_sample`` of the lm's
    paper preset) -- the number to give ``sweep --dry-run --gpu-tflops`` to calibrate GPU-hour estimates. Tokens/s
    count the whole run (model set-up and a short evaluation included), so they understate training throughput.
+
+``--out FILE`` writes the report there: between the output markers when FILE has them (``docs/gpu-check.md``, the
+guide to reading it, keeps its text around them), else as the whole file.
 
 Without a CUDA device it prints why and exits 0 (nothing is written). ``--device cpu`` with ``--set`` overrides
 (e.g. a smaller model) runs the same pipeline on a CPU, for tests. Exit status: 1 when a CUDA test failed or a run
@@ -29,6 +32,20 @@ REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("softmax", "quest", "qknorm")
 LR_FACTORS = (1, 40)  # the paper's learning rate, and 40 times it
 EVAL_TOKENS = 20_000
+BEGIN = "<!-- gpu-check output: written by benchmarks/gpu_check.py -->"
+END = "<!-- end of gpu-check output -->"
+
+
+def write_report(path: Path, report: str) -> None:
+    """``report`` into ``path``: between ``BEGIN`` and ``END`` when the file has both (its title as a level-3
+    heading, the text around the markers kept), else as the whole file."""
+    text = path.read_text() if path.exists() else ""
+    head, begin, rest = text.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if begin and end:
+        path.write_text(f"{head}{BEGIN}\n\n###{report.removeprefix('#')}\n{END}{tail}")
+    else:
+        path.write_text(report)
 
 
 def lm_run(variant: str, lr: float, steps: int, device: str, sets: dict[str, str], folder: Path) -> dict:
@@ -110,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:
-        Path(args.out).write_text(report)
+        write_report(Path(args.out), report)
     return status
 
 

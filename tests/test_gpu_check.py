@@ -34,3 +34,19 @@ def test_the_lm_runs_report_logits_and_throughput_on_a_cpu(tmp_path):
         assert r[7].strip(" |") == "nan"  # no TFLOP/s for a model that is not the paper's
     with pytest.raises(SystemExit, match="--steps must be >= 10"):
         gpu_check.main(["--device", "cpu", "--steps", "2"])
+
+
+def test_the_report_goes_between_the_markers_of_the_shipped_guide(tmp_path):
+    guide = tmp_path / "gpu-check.md"
+    guide.write_text((REPO / "docs" / "gpu-check.md").read_text())
+    before, _, after = guide.read_text().partition(gpu_check.BEGIN)
+    after = after.partition(gpu_check.END)[2]
+    for run in ("first", "second"):  # a second run replaces the first one's report
+        gpu_check.write_report(guide, f"# GPU check on X\n\n{run} report\n")
+        text = guide.read_text()
+        assert text.startswith(before) and text.endswith(gpu_check.END + after)
+        assert f"### GPU check on X\n\n{run} report\n" in text and text.count("GPU check on X") == 1
+    plain = tmp_path / "report.md"  # a file without the markers gets the report alone
+    plain.write_text("old")
+    gpu_check.write_report(plain, "# GPU check on X\n")
+    assert plain.read_text() == "# GPU check on X\n"
