@@ -3,6 +3,7 @@ results folder, from the published folder alone; result blocks in the docs are c
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from quest_bench.cli import main
 from quest_bench.publish import TARGET_BYTES, doc_problems, markdown_table, published_runs
+from quest_bench.publish import main as publish_main
 from quest_bench.result import RunResult
 from quest_bench.runs import suite_runs
 from quest_bench.spec import RunSpec
@@ -185,16 +187,25 @@ def test_doc_blocks_must_equal_the_regenerated_tables(published, tmp_path):
     name = tables[0].stem
     block = markdown_table(tables[0])
     assert block.startswith("| ") and block.count("\n") == len(tables[0].read_text().splitlines()) + 1
-    doc = tmp_path / "page.md"
-    doc.write_text(f"Intro.\n\n<!-- results:{SUITE}:{name} -->\n{block}<!-- /results -->\n\nMore.\n")
-    assert doc_problems([doc], root) == []
-    doc.write_text(doc.read_text().replace(" | ", " |  ", 1))  # one cell edited by hand
-    assert doc_problems([doc], root) == [f"{doc}: block results:{SUITE}:{name}: differs from the table regenerated "
-                                         f"from {root / SUITE}"]
+    doc = tmp_path / "guide" / "page.md"
+    doc.parent.mkdir()
+    doc.write_text(f"Intro.\n\n<!-- results:{SUITE}:{name} -->\nwritten by hand\n<!-- /results -->\n\nMore.\n")
+    stale = [f"{doc}: block results:{SUITE}:{name}: differs from the table regenerated from {root / SUITE}; "
+             f"`python -m quest_bench.publish fill {doc}` rewrites it"]
+    assert doc_problems([doc], root) == stale
+    assert publish_main(["fill", str(doc), "--results", str(root)]) == 0
+    text = doc.read_text()
+    assert text.startswith("Intro.\n\n") and text.endswith("<!-- /results -->\n\nMore.\n") and block in text
+    link = os.path.relpath(published["folder"] / "leaderboard" / "README.md", doc.parent)
+    assert f"[{SUITE}]({link})" in text and (doc.parent / link).is_file()
+    assert doc_problems([doc], root) == [] and publish_main(["check", str(doc), "--results", str(root)]) == 0
+    doc.write_text(text.replace(" | ", " |  ", 1))  # one cell edited by hand
+    assert doc_problems([doc], root) == stale
     doc.write_text(f"<!-- results:{SUITE}:no-such-table -->\n<!-- /results -->\n"
                    f"<!-- results:other-suite:{name} -->\n<!-- /results -->\n")
     problems = doc_problems([doc], root)
     assert len(problems) == 2 and "no table 'no-such-table'" in problems[0] and "has no manifest.json" in problems[1]
+    assert publish_main(["fill", str(doc), "--results", str(root)]) == 1  # nothing to fill them from
 
 
 def test_every_result_block_in_the_readme_and_docs_is_current():

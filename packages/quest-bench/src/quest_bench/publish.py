@@ -45,7 +45,8 @@ FLAT = ("metrics", "cost", "telemetry")  # numbers by name: one column per name,
 PREFIX = {"metrics": "metric.", "cost": "cost.", "telemetry": "telemetry."}
 JSON_FIELDS = ("overrides", "metric_directions", "data", "config")
 ENV_COLUMNS = ("git_sha", "git_dirty")  # columns of their own for queries; the "env" column holds them too
-BLOCK = re.compile(r"<!-- results:([A-Za-z0-9._-]+):([A-Za-z0-9._-]+) -->\n(.*?)<!-- /results -->", re.S)
+# a block's markers start their lines (an indented example of one is not a block)
+BLOCK = re.compile(r"^<!-- results:([A-Za-z0-9._-]+):([A-Za-z0-9._-]+) -->\n(.*?)^<!-- /results -->", re.S | re.M)
 
 
 def sha256(path: Path) -> str:
@@ -270,26 +271,72 @@ def markdown_table(csv_path: Path) -> str:
     return "\n".join([line(rows[0]), "|" + "---|" * len(rows[0]), *map(line, rows[1:])]) + "\n"
 
 
-def doc_problems(paths: list[Path], results_root: Path) -> list[str]:
+def block_text(doc: Path, published: Path, regenerated: Path, table: str) -> str:
+    """What the block ``results:SUITE:TABLE`` of the Markdown file ``doc`` holds: the table regenerated from the
+    published suite ``published`` (its leaderboard in ``regenerated``), and a link to the published leaderboard."""
+    link = os.path.relpath(Path(published).resolve() / LEADERBOARD / "README.md", Path(doc).resolve().parent)
+    return (markdown_table(Path(regenerated) / "tables" / f"{table}.csv")
+            + f"\nFrom the published suite [{Path(published).name}]({Path(link).as_posix()}) (table {table}).\n")
+
+
+def result_blocks(paths: list[Path], results_root: Path, fill: bool = False) -> list[str]:
     """Every block marked ``<!-- results:SUITE:TABLE -->`` … ``<!-- /results -->`` in the Markdown files ``paths``
-    compared with TABLE (a file name in tables/, without .csv) as regenerated from ``results_root/SUITE``; one line
-    per block that differs or names a suite or table that is not there (none: every block is current)."""
+    compared with ``block_text`` for TABLE (a file name in tables/, without .csv) regenerated from
+    ``results_root/SUITE``: one line per block that differs or names a suite or table that is not there (none: every
+    block is current). ``fill``: rewrite the blocks that differ instead (then only the missing ones are named)."""
     problems, regenerated = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for path in paths:
-            for match in BLOCK.finditer(Path(path).read_text()):
-                suite, table, text = match.groups()
+        for path in map(Path, paths):
+            text = path.read_text()
+
+            def current(match: re.Match) -> str:
+                suite, table, block = match.groups()
                 where = f"{path}: block results:{suite}:{table}"
                 if suite not in regenerated:
                     try:
                         regenerated[suite] = leaderboard_from(Path(results_root) / suite, Path(tmp) / suite)
                     except ValueError as err:
-                        problems.append(f"{where}: {err}")
-                        continue
-                csv_path = regenerated[suite] / "tables" / f"{table}.csv"
-                if not csv_path.is_file():
+                        regenerated[suite] = err
+                if isinstance(regenerated[suite], ValueError):
+                    problems.append(f"{where}: {regenerated[suite]}")
+                    return match.group(0)
+                if not (regenerated[suite] / "tables" / f"{table}.csv").is_file():
                     known = ", ".join(p.stem for p in sorted((regenerated[suite] / "tables").glob("*.csv")))
                     problems.append(f"{where}: no table {table!r}; the suite's tables: {known}")
-                elif text != markdown_table(csv_path):
-                    problems.append(f"{where}: differs from the table regenerated from {Path(results_root) / suite}")
+                    return match.group(0)
+                wanted = block_text(path, Path(results_root) / suite, regenerated[suite], table)
+                if block != wanted and not fill:
+                    problems.append(f"{where}: differs from the table regenerated from {Path(results_root) / suite}; "
+                                    f"`python -m quest_bench.publish fill {path}` rewrites it")
+                return f"<!-- results:{suite}:{table} -->\n{wanted}<!-- /results -->"
+
+            new = BLOCK.sub(current, text)
+            if fill and new != text:
+                path.write_text(new)
     return problems
+
+
+def doc_problems(paths: list[Path], results_root: Path) -> list[str]:
+    """The result blocks of ``paths`` that are not what ``results_root`` regenerates (``result_blocks``)."""
+    return result_blocks(paths, results_root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m quest_bench.publish check|fill FILE... [--results docs/results]``: check the result blocks of
+    Markdown files against the published suites (exit 1 when any differs), or rewrite them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m quest_bench.publish", description=main.__doc__)
+    parser.add_argument("action", choices=["check", "fill"])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--results", type=Path, default=Path("docs/results"), help="published suites (default: "
+                        "docs/results)")
+    args = parser.parse_args(argv)
+    problems = result_blocks(args.files, args.results, fill=args.action == "fill")
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
