@@ -212,3 +212,14 @@ def test_every_result_block_in_the_readme_and_docs_is_current():
     """The README and docs/*.md: each marked block equals its table regenerated from docs/results/<suite>."""
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     assert doc_problems(pages, REPO / "docs" / "results") == []
+
+
+@pytest.mark.parametrize("suite", sorted(p.parent.name for p in (REPO / "docs" / "results").glob("*/manifest.json")))
+def test_each_published_leaderboard_is_what_its_folder_regenerates(suite, tmp_path):
+    """A committed leaderboard (README.md and tables) equals its regeneration by the code as it is now: a change to
+    the leaderboard shows here, and `quest-bench leaderboard --from docs/results/<suite>` brings it up to date."""
+    folder = REPO / "docs" / "results" / suite
+    assert main(["leaderboard", "--from", str(folder), "--out", str(tmp_path / "lb")]) == 0
+    ours = {n: b for n, b in files(tmp_path / "lb").items() if not n.endswith(".png") and n != "index.html"}
+    committed = {n: b for n, b in files(folder / "leaderboard").items() if not n.endswith(".png")}
+    assert ours == committed

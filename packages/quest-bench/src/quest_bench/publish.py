@@ -217,6 +217,8 @@ def published_runs(folder: Path, figures_dir: Path) -> tuple[RunSet, dict[str, d
     """A published suite as the leaderboard reads it: the RunSet of its run table (each run's folder is
     ``figures_dir/<run_id>``, where its published per-run figures are copied), the curve means by board title, and
     the manifest."""
+    from quest_bench.leaderboard import run_figure_path
+
     folder = Path(folder)
     manifest = read_manifest(folder)
     runs = RunSet()
@@ -227,8 +229,6 @@ def published_runs(folder: Path, figures_dir: Path) -> tuple[RunSet, dict[str, d
             raise ValueError(f"{folder / RUNS}: row {i} is not a valid result ({err})") from None
         run_folder = Path(figures_dir) / result.run_id
         for stem in json.loads(row.get("figures") or "[]"):
-            from quest_bench.leaderboard import run_figure_path
-
             run_folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / LEADERBOARD / run_figure_path(result.run_id, stem), run_folder / f"{stem}.png")
         runs.add(result, run_folder, manifest["suite"], result.run_id)
