@@ -73,16 +73,37 @@ def test_wait_for_resources_says_what_it_waits_for_and_gives_up_after_the_timeou
     assert result["reason"].startswith("timeout: waited 3 s for resources no node has (--run-timeout): run ")
 
 
+PROBE = """
+import json, psutil
+from quest_bench.sweep import ray_session
+with ray_session(None, 0) as ray:
+    node = ray.nodes()[0]
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    print(json.dumps({"node": node["NodeManagerAddress"], "export_port": node.get("MetricsExportPort"),
+                      "listening": sorted({(c.laddr.ip, c.laddr.port) for c in listening})}))
+"""
+
+
+def loopback(ip: str) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip)
+    return address.is_loopback or bool(getattr(address, "ipv4_mapped", None) and address.ipv4_mapped.is_loopback)
+
+
 @pytest.mark.slow
 def test_a_local_instance_listens_on_loopback_only_and_serves_no_metrics():
-    import psutil
+    import subprocess
+    import sys
 
-    with sweep.ray_session(None, 0) as ray:
-        node = ray.nodes()[0]
-        assert node["NodeManagerAddress"] == "127.0.0.1"
-        ours = {p.pid for p in psutil.Process().children(recursive=True)}
-        listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
-        assert listening, "no listening socket of Ray's processes found"
-        assert {c.laddr.ip for c in listening} <= {"127.0.0.1", "::1"}, listening
-        export_port = node.get("MetricsExportPort")
-        assert not export_port or export_port < 0 or export_port not in {c.laddr.port for c in listening}
+    # a fresh process: a Ray instance started and stopped, as a sweep does
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["node"] == "127.0.0.1"
+    assert seen["listening"], "no listening socket of Ray's processes found"
+    outside = [(ip, port) for ip, port in seen["listening"] if not loopback(ip)]
+    assert outside == [], seen["listening"]
+    export = seen["export_port"]
+    assert not export or export < 0 or export not in {port for _, port in seen["listening"]}, seen
