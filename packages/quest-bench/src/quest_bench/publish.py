@@ -45,6 +45,17 @@ FLAT = ("metrics", "cost", "telemetry")  # numbers by name: one column per name,
 PREFIX = {"metrics": "metric.", "cost": "cost.", "telemetry": "telemetry."}
 JSON_FIELDS = ("overrides", "metric_directions", "data", "config")
 ENV_COLUMNS = ("git_sha", "git_dirty")  # columns of their own for queries; the "env" column holds them too
+PRIVATE_ENV = ("pid",)  # a fact of the process that ran it, not of the run: not published (the host name stays: the
+# leaderboard's provenance lists it)
+
+
+def public_env(env: dict) -> dict:
+    """A run's environment as published: without the process id, and with a local data root reduced to its folder
+    name (an absolute path says where it ran, not what was run)."""
+    out = {k: v for k, v in env.items() if k not in PRIVATE_ENV}
+    if out.get("data_root"):
+        out["data_root"] = Path(str(out["data_root"])).name
+    return out
 # a block's markers start their lines (an indented example of one is not a block)
 BLOCK = re.compile(r"^<!-- results:([A-Za-z0-9._-]+):([A-Za-z0-9._-]+) -->\n(.*?)^<!-- /results -->", re.S | re.M)
 
@@ -67,7 +78,7 @@ def run_rows(runs: RunSet, figures: dict[str, list[str]]) -> list[dict]:
         row = {k: getattr(r, k) for k in SCALARS}
         row.update({k: as_json(getattr(r, k)) for k in JSON_FIELDS})
         row.update({"quest_core_version": (r.env.get("packages") or {}).get("quest-core"),
-                    **{k: r.env.get(k) for k in ENV_COLUMNS}, "env": as_json(r.env),
+                    **{k: r.env.get(k) for k in ENV_COLUMNS}, "env": as_json(public_env(r.env)),
                     "figures": as_json(figures[r.run_id]) if figures.get(r.run_id) else None})
         for name in FLAT:
             row.update({PREFIX[name] + k: v for k, v in getattr(r, name).items()})
