@@ -53,7 +53,8 @@ def test_bad_input_fails_clearly_and_writes_nothing(argv, message, tmp_path, cap
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bad_preset_is_rejected_by_the_parser(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["run", "spurious", "--preset", "huge"])
-    assert exc.value.code == 2 and "invalid choice: 'huge'" in capsys.readouterr().err
+def test_bad_preset_is_rejected_with_the_tasks_presets(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "spurious", "--preset", "huge"]) == 2
+    assert "no preset 'huge'; valid presets: tiny, small, paper" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

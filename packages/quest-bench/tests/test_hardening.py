@@ -179,7 +179,7 @@ def test_a_read_only_results_folder_is_read_without_writing(tmp_path, monkeypatc
     out = tmp_path.parent / f"{tmp_path.name}-board"
     folder = write_leaderboard(store, "suite", None, out)
     assert (folder / "README.md").exists()
-    suite = type("S", (), {"name": "suite", "specs": specs})()
+    suite = type("S", (), {"name": "suite", "specs": specs, "confirm": []})()
     assert run_sweep(suite, tmp_path) == {"skipped": 2, "ok": 0, "diverged": 0, "failed": 0}
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
@@ -371,7 +371,7 @@ def test_disk_full_and_ctrl_c_end_in_one_line(tmp_path, capsys, monkeypatch):
 
 def test_a_sweep_refuses_to_start_while_another_driver_holds_its_folder(tmp_path):
     store = Store(tmp_path / "suite")
-    suite = type("S", (), {"name": "suite", "specs": [RunSpec("spurious", "quest", "tiny", 0, {}, "x")]})()
+    suite = type("S", (), {"name": "suite", "specs": [RunSpec("spurious", "quest", "tiny", 0, {}, "x")], "confirm": []})()
     with StoreLock(store.lock_path):
         with pytest.raises(ValueError, match="in use by another sweep driver"):
             run_sweep(suite, tmp_path)  # refused before Ray starts or anything runs

@@ -5,6 +5,7 @@ its timeout; a local Ray instance opens no metrics endpoint and listens on 127.0
 import json
 import os
 
+import psutil  # also used by the subprocess code below, which lists the listening ports
 import pytest
 
 import quest_bench.sweep as sweep
