@@ -18,7 +18,7 @@ Every variant computes ``softmax(scale · q̂ k̂ᵀ + mask) v`` where q̂ = gai
 
 Norms are L2 over the head dimension D, per head and token; LN is LayerNorm over D (eps 1e-6).
 
-Choices and initialisations (documented in the README):
+Choices and initialisations (documented in docs/quest-core.md):
 
 - ``qnorm``: scale 1 and nothing learnable, the mirror image of QUEST (logit = ‖k_j‖ · cos(q_i, k_j)).
 - ``qknorm`` (Henry et al. 2020): logit = g · cos(q_i, k_j). Henry et al. initialise g to ``log2(L² − L)``; pass
