@@ -90,7 +90,8 @@ def distributions(modules: dict[str, set[str]], local: set[str]) -> dict[str, se
         if module in IMPORT_TO_DISTRIBUTION:
             dist = IMPORT_TO_DISTRIBUTION[module]
         else:
-            candidates = installed.get(module, [])
+            # one distribution may be listed more than once (found on two sys.path entries): dedupe by name
+            candidates = sorted({canonicalize_name(d) for d in installed.get(module, [])})
             if len(candidates) != 1:
                 raise AssertionError(f"module {module!r} (imported by {sorted(files)}) is provided by "
                                      f"{candidates or 'no installed distribution'}; add it to IMPORT_TO_DISTRIBUTION")

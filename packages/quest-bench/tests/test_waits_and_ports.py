@@ -108,3 +108,23 @@ def test_a_local_instance_listens_on_loopback_only_and_serves_no_metrics():
     assert outside == [], seen["listening"]
     export = seen["export_port"]
     assert not export or export < 0 or export not in {port for _, port in seen["listening"]}, seen
+
+
+TWO_INSTANCES = """
+from quest_bench.sweep import ray_session
+for _ in range(2):
+    with ray_session(None, 0) as ray:
+        print(ray.get(ray.remote(lambda: 41).remote()) + 1)
+"""
+
+
+@pytest.mark.slow
+def test_one_process_starts_a_local_instance_twice():
+    """Ray's client caches the first auth token it reads for the life of the process: a second local instance with
+    a new token would reject the driver (InvalidAuthToken), as a second sweep in one pytest process did."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", TWO_INSTANCES], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["42", "42"], proc.stdout

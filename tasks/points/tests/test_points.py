@@ -94,7 +94,7 @@ def test_edge_attention_equals_a_dense_masked_reference(variant):
         p.data.uniform_(0.5, 2.0)
     if layer.kernel.spec.uses_metric:  # elliptical: a fixed random metric (per head and dim) instead of the estimate
         metric = torch.rand(4, 1, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) + 0.2
-        layer.kernel.metric_chain = type("FixedMetric", (), {"next_metric": lambda self, v, d: metric})()
+        layer.kernel.metric_chain = type("FixedMetric", (), {"next_metric": lambda self, v, d, visible=None: metric})()
     pos, batch = clouds((9, 12))
     pos = pos.double()
     x = torch.randn(len(pos), 24, dtype=torch.float64, requires_grad=True)

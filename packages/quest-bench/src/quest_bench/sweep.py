@@ -21,6 +21,7 @@ RAY_AUTH_TOKEN when the cluster uses token auth). What a sweep guarantees:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -330,6 +331,14 @@ SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 NO_METRICS = {"enable_metrics_collection": False}
 
 
+@functools.cache
+def local_ray_token() -> str:
+    """The token of this process's local Ray instances: fresh per process, and the same for every instance it starts,
+    since Ray's client caches the first token it reads for the life of the process (a second local instance with a
+    new token would reject the driver: "InvalidAuthToken")."""
+    return secrets.token_hex(32)
+
+
 def is_loopback(address: str) -> bool:
     """Whether a Ray address (host:port, ray://host:port) names this machine's loopback interface."""
     import ipaddress
@@ -369,7 +378,7 @@ def ray_session(address: str | None, max_retries: int):
             ray_constants.ENABLE_RAY_CLUSTER = saved_flag
         return
     saved = {k: os.environ.get(k) for k in (*LOCAL_RAY_ENV, "RAY_AUTH_TOKEN")}
-    os.environ.update(LOCAL_RAY_ENV, RAY_AUTH_TOKEN=secrets.token_hex(32))
+    os.environ.update(LOCAL_RAY_ENV, RAY_AUTH_TOKEN=local_ray_token())
     import ray
     from ray._private import ray_constants
 

@@ -11,10 +11,8 @@ A token is valid if any of its steps is observed. Invalid tokens (padding, missi
 every block and left out of the pool, so they never reach a valid output: a series gives the same logits alone or
 batched with longer ones, and a series with missing steps the same as the series with those steps deleted.
 
-The elliptical variants estimate their metric from the values of consecutive layers, averaged over the batch and
-its tokens (``quest_core.elliptical``); here the average runs over valid tokens only (``ValidStepsMetricChain``), so
-padding cannot reach it either. It is still one statistic of the whole batch, by that variant's design: with
-elliptical attention a series' logits depend on the other series of its batch (in evaluation, fixed batches).
+The elliptical variants estimate their metric per series from the values of consecutive layers, averaged over the
+keys some query may see (``quest_core.elliptical``): the key mask leaves padding and missing steps out of it too.
 """
 
 from __future__ import annotations
@@ -24,23 +22,7 @@ import math
 import torch
 from torch import nn
 
-from quest_core import AttentionKernel, TransformerBlock
-from quest_core.elliptical import MetricChain
-
-
-class ValidStepsMetricChain(MetricChain):
-    """The elliptical metric chain of ``quest_core`` restricted to valid tokens: values at invalid tokens are zeroed
-    in every layer, so their change is 0 and adds nothing to the average; the metric is normalised by its maximum
-    over coordinates (m / max_d m), so the count it was averaged over cancels."""
-
-    valid_b1l1: torch.Tensor | None = None
-
-    def start(self, valid_bl: torch.Tensor) -> None:
-        self.restart()
-        self.valid_b1l1 = valid_bl[:, None, :, None]
-
-    def next_metric(self, v_bhld: torch.Tensor, head_dim: int) -> torch.Tensor:
-        return super().next_metric(v_bhld * self.valid_b1l1.to(v_bhld.dtype), head_dim)
+from quest_core import TransformerBlock, link_elliptical
 
 
 def sinusoidal(pos_bl: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -64,10 +46,7 @@ class SeriesTransformer(nn.Module):
                                     for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
-        self.metric_chain = ValidStepsMetricChain()  # elliptical variants (others never call it)
-        for module in self.modules():
-            if isinstance(module, AttentionKernel) and module.spec.uses_metric:
-                module.metric_chain = self.metric_chain
+        link_elliptical(self)  # elliptical variants: one metric chain over the blocks, restarted at each forward
 
     def tokens(self, x_btc: torch.Tensor, observed_bt: torch.Tensor, time_bt: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +73,6 @@ class SeriesTransformer(nn.Module):
         x_bld, valid_bl = self.tokens(x_btc, observed_bt, time_bt)
         if not bool(valid_bl.any(1).all()):
             raise ValueError("a series has no observed step")
-        self.metric_chain.start(valid_bl)
         keys_b11l = valid_bl[:, None, None, :]  # SDPA: True = may attend
         for block in self.blocks:
             x_bld = block(x_bld, attn_mask=keys_b11l)
