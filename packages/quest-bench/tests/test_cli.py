@@ -40,7 +40,8 @@ def test_forced_divergence_is_a_result(tmp_path, monkeypatch):
     (["run", "spurious", "--attention", "qkorm"], "Did you mean 'qknorm'"),
     (["run", "spurious", "--set", "nope=1"], "no config key 'nope'"),
     (["run", "spurious", "--set", "steps"], "--set expects key=value"),
-    (["sweep", "--suite", "no-such-suite"], "unknown suite 'no-such-suite'; known suites: .*smoke"),
+    (["sweep", "--suite", "no-such-suite"],  # run elsewhere than the project folder: no suites, and where it looked
+     r"unknown suite 'no-such-suite'; known suites: \(none\)\. \(looked for no-such-suite\.yaml in .*configs/suites"),
     (["leaderboard", "--suite", "smoke", "--results", "/nonexistent/results"],
      "no results folder /nonexistent/results: run a sweep"),
 ])

@@ -66,7 +66,7 @@ def test_suites_lists_sizes_and_estimates_cost_from_earlier_runs(tmp_path, capsy
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("mine "))
     assert " 4 " in row and "spurious" in row and "~48 s (1 measured, 3 from similar runs)" in row
-    assert any(line.startswith("smoke ") for line in out.splitlines())  # the repository's suites too
+    assert not any(line.startswith("smoke ") for line in out.splitlines())  # the project folder's only, no checkout's
 
 
 def test_runs_lists_and_filters(results, capsys):

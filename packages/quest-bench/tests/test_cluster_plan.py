@@ -10,10 +10,11 @@ import pytest
 from quest_bench.cli import main
 from quest_bench.cluster import NodeType, fits, k8s_quantity, load_cluster
 from quest_bench.registry import get_task, task_names
-from quest_bench.runner import REPO_ROOT
 from quest_bench.suite import load_suite
 from quest_bench.sweep import SHIPPED_CLUSTERS, dry_run, placement
 from quest_sdk.task import DEFAULT_TIMEOUT_S, Throughput, transformer_train_flops
+
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout these tests run in
 
 SHIPPED = [REPO_ROOT / "infra" / name for name in SHIPPED_CLUSTERS]
 

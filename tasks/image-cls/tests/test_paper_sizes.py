@@ -2,6 +2,7 @@
 memory one worker needs against the manifests' 24 GB GPUs, and one training step of each model on a tiny input."""
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,12 +10,13 @@ import yaml
 
 from quest_bench.cli import main
 from quest_bench.cluster import fits, load_cluster
-from quest_bench.runner import REPO_ROOT
 from quest_bench.suite import load_suite
 from quest_bench.sweep import SHIPPED_CLUSTERS, placement
 from quest_image_cls.experiment import build_model
 from quest_image_cls.task import PAPER_WORKERS, ImageClsTask
 from quest_sdk.task import transformer_train_flops
+
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout these tests run in
 
 # The paper's ImageNet-1k models and epochs (ViT-Ti 300, ViT-S 200, ViT-B and ViT-L 100):
 # preset -> (embed_dim, depth, num_heads, epochs)

@@ -13,6 +13,7 @@ must resume from the last checkpoint;
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import platform
 import resource
@@ -30,7 +31,6 @@ from quest_bench.store import unusable_reason
 from quest_sdk.task import Diverged, RunContext
 
 PACKAGES = ("torch", "quest-core", "quest-bench", "numpy", "ray", "timm", "torchvision", "torchaudio")
-REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 def resolve(spec: RunSpec) -> RunSpec:
@@ -46,8 +46,29 @@ def resolve(spec: RunSpec) -> RunSpec:
 
 
 def faults() -> dict[str, str]:
+    """The test-only faults of ``QUEST_BENCH_FAULTS`` (see the module docstring), by name."""
     text = os.environ.get("QUEST_BENCH_FAULTS", "")
     return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+
+
+class FaultInjectingContext(RunContext):
+    """Test-only: the run context of a run with faults injected, wrapping the check the engine calls after every
+    optimizer step: from ``crash_step`` the worker process dies (exit code 17), from ``diverge_step`` the loss is NaN
+    (on worker ``diverge_rank`` only, or on every worker when None)."""
+
+    def __init__(self, *args, crash_step: int | None = None, diverge_step: int | None = None,
+                 diverge_rank: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.crash_step, self.diverge_step, self.diverge_rank = crash_step, diverge_step, diverge_rank
+
+    def check(self, step: int, loss: float, telemetry: dict[str, float] | None = None) -> None:
+        if self.crash_step is not None and step >= self.crash_step:
+            if self.world_size > 1:  # let Ray Train's controller collect the last reported checkpoint (it polls the
+                time.sleep(5)        # workers every few seconds) before the worker dies
+            os._exit(17)
+        if self.diverge_step is not None and step >= self.diverge_step and self.diverge_rank in (None, self.rank):
+            loss = math.nan
+        super().check(step, loss, telemetry)
 
 
 def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | None = None,
@@ -85,11 +106,13 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     )
     diverge_step = int(injected["diverge_at_step"]) if "diverge_at_step" in injected else None
     diverge_rank = int(injected["diverge_rank"]) if "diverge_rank" in injected else None
-    ctx = RunContext(out_dir, spec.variant, spec.seed, device, data_root, progress, fault_diverge_step=diverge_step,
-                     fault_diverge_rank=diverge_rank,
-                     checkpoint_every=checkpoint_every, rank=rank, world_size=world_size, checkpoints=checkpoints,
-                     run_name=f"{spec.label()} {spec.run_id[:12]}", fault_crash_step=crash_step,
-                     fault_crash_exits=True)
+    context = dict(checkpoint_every=checkpoint_every, rank=rank, world_size=world_size, checkpoints=checkpoints,
+                   run_name=f"{spec.label()} {spec.run_id[:12]}")
+    if crash_step is None and diverge_step is None:
+        ctx = RunContext(out_dir, spec.variant, spec.seed, device, data_root, progress, **context)
+    else:
+        ctx = FaultInjectingContext(out_dir, spec.variant, spec.seed, device, data_root, progress, **context,
+                                    crash_step=crash_step, diverge_step=diverge_step, diverge_rank=diverge_rank)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -155,14 +178,17 @@ def environment(device: str, data_root: str | None = None) -> dict:
 
 
 def git_state() -> dict:
-    """The git sha and dirty flag of the checkout this code runs from; in an image built from infra/Dockerfile
-    (no .git), the sha it was built from (``QUEST_BENCH_GIT_SHA``); else "unknown"."""
+    """The git sha and dirty flag of the project folder (``quest_bench.paths.project_root``) when it is a git
+    checkout; else, as in an image built from infra/Dockerfile (no .git), the sha it was built from
+    (``QUEST_BENCH_GIT_SHA``); else "unknown"."""
+    from quest_bench.paths import project_root
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True,
-                               timeout=10)
+        root = project_root()
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode == 0:
             return {"git_sha": sha.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, ValueError, subprocess.SubprocessError):
         pass  # no git on this worker: the image's sha, or unknown
     return {"git_sha": os.environ.get("QUEST_BENCH_GIT_SHA", "unknown"), "git_dirty": None}

@@ -28,7 +28,8 @@ import yaml
 
 from quest_bench import tuning
 from quest_bench.result import MAX_DEPTH, SEED_MAX, depth
-from quest_bench.runner import REPO_ROOT, resolve
+from quest_bench.paths import ROOT_ENV, suites_dir
+from quest_bench.runner import resolve
 from quest_bench.spec import RunSpec, check_name
 
 SUITE_KEYS = {"name", "description", "tasks", "variants", "presets", "seeds", "overrides", "grid", "tune", "confirm"}
@@ -45,27 +46,27 @@ class Suite:
 
 
 def find_suite(name_or_path: str) -> Path:
-    """A path to a suite file, or a name looked up in ./configs/suites and the repo's configs/suites."""
+    """A path to a suite file, or a name looked up in the project's configs/suites (``quest_bench.paths``: the
+    folder ``QUEST_BENCH_ROOT`` names, else the current directory)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or os.sep in name_or_path:
         if not path.exists():
-            raise ValueError(f"suite file {name_or_path!r} does not exist")
+            raise ValueError(f"suite file {name_or_path!r} does not exist (looked for {path.absolute()})")
         return path
     known = known_suites()
     if name_or_path in known:
         return known[name_or_path]
     close = difflib.get_close_matches(name_or_path, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown suite {name_or_path!r}; known suites: {', '.join(known) or '(none)'}.{hint}")
+    raise ValueError(f"unknown suite {name_or_path!r}; known suites: {', '.join(known) or '(none)'}.{hint} (looked "
+                     f"for {name_or_path}.yaml in {suites_dir()}: run from the project folder, set {ROOT_ENV} to it, "
+                     "or give the suite file's path)")
 
 
 def known_suites() -> dict[str, Path]:
-    """Suite files by name: ./configs/suites first, then the repository's configs/suites."""
-    out = {}
-    for folder in (Path.cwd() / "configs" / "suites", REPO_ROOT / "configs" / "suites"):
-        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
-            out.setdefault(path.stem, path)
-    return dict(sorted(out.items()))
+    """Suite files by name, from the project's configs/suites (``suites_dir``)."""
+    folder = suites_dir()
+    return {path.stem: path for path in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
 
 
 def suite_name(name_or_path: str) -> str:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from quest_bench.paths import ROOT_ENV, project_root
 from quest_bench.registry import get_task
 from quest_bench.result import RunResult
 from quest_bench.spec import RunSpec
@@ -177,13 +178,15 @@ def dry_run(suite: Suite, results_dir: Path, device: str = "auto", workers: int 
             data_root: str | None = None, clusters: list[Path] | None = None, gpu_tflops: float | None = None) -> str:
     """What a sweep would do, without Ray or a GPU: one line per run to do (workers and what each asks for, data,
     estimated GPU-hours, timeout, and whether each cluster manifest in ``clusters`` can host it; default: the
-    shipped ``infra/`` manifests), then the totals and where the estimates come from."""
+    shipped manifests in the project's ``infra/``, ``quest_bench.paths``), then the totals and where the estimates
+    come from."""
     from quest_bench.cluster import fits, load_cluster
-    from quest_bench.runner import REPO_ROOT
+    from quest_bench.paths import infra_dir
     from quest_sdk.task import ASSUMED_GPU_TFLOPS
 
     tflops = gpu_tflops or ASSUMED_GPU_TFLOPS
-    manifests = [Path(c) for c in clusters] if clusters else [REPO_ROOT / "infra" / n for n in SHIPPED_CLUSTERS]
+    manifests = [Path(c) for c in clusters] if clusters else [p for p in (infra_dir() / n for n in SHIPPED_CLUSTERS)
+                                                              if p.exists()]
     nodes = {m.name: load_cluster(m) for m in manifests}
     store = Store(Path(results_dir) / suite.name)
     todo = todo_specs(suite, store)
@@ -386,7 +389,7 @@ def ray_session(address: str | None, max_retries: int):
     try:
         start_local_ray(ray, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                         _system_config={"task_oom_retries": max_retries, **NO_METRICS},
-                        runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
+                        runtime_env={"env_vars": {"TQDM_DISABLE": "1", ROOT_ENV: str(project_root())}})
         yield ray
     finally:
         ray.shutdown()
