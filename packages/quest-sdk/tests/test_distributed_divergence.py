@@ -31,13 +31,24 @@ class Tiny(nn.Module):
         return self.head(self.attn(h_bnd, h_bnd, h_bnd, need_weights=False)[0].mean(1))
 
 
+class NanFrom(RunContext):
+    """A worker whose loss is NaN from ``step`` on, when it is worker ``rank``."""
+
+    def __init__(self, *args, nan_step: int | None, nan_rank: int | None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.nan_step, self.nan_rank = nan_step, nan_rank
+
+    def check(self, step, loss, telemetry=None):
+        nan_here = self.nan_step is not None and step >= self.nan_step and self.rank == self.nan_rank
+        super().check(step, math.nan if nan_here else loss, telemetry)
+
+
 def worker(rank: int, out: str, faults: dict) -> tuple:
     """One worker: train 8 steps on its own batches; how it ended."""
     torch.manual_seed(0)
     model = Tiny()
-    ctx = RunContext(Path(out) / f"rank{rank}", "softmax", seed=0, progress=False, rank=rank, world_size=WORLD,
-                     max_logit=faults.get("max_logit", 1e4), fault_diverge_step=faults.get("step"),
-                     fault_diverge_rank=faults.get("rank"))
+    ctx = NanFrom(Path(out) / f"rank{rank}", "softmax", seed=0, progress=False, rank=rank, world_size=WORLD,
+                  max_logit=faults.get("max_logit", 1e4), nan_step=faults.get("step"), nan_rank=faults.get("rank"))
     trainer = Trainer(model, ctx, TrainSpec(steps=8, lr=1e-3, weight_decay=0.0, log_every=1), "test")
     scale = faults.get("input_scale", {}).get(rank, 1.0)  # a worker whose inputs blow its logits up
 

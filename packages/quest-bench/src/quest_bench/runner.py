@@ -119,6 +119,8 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
     try:
         config = task.make_config(spec.preset, spec.overrides)
         result.config = {k: v for k, v in vars(config).items()}
+        preset = task.make_config(spec.preset, {})
+        result.preset_values = {k: getattr(preset, k) for k in spec.overrides}
         result.primary_metric, result.validation_metric = task.metrics_for(config)
         seed_everything(spec.seed)
         output = task.run(config, ctx)

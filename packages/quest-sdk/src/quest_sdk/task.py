@@ -14,10 +14,6 @@ from tqdm.auto import tqdm
 from quest_sdk.config import make_config
 
 
-class SimulatedCrash(Exception):
-    """Test-only: a run stopped mid-training (``RunContext(fault_crash_step=...)``), as if its process died."""
-
-
 class Diverged(Exception):
     """Raised by a task when training diverged: recorded as status="diverged", never retried."""
 
@@ -220,10 +216,8 @@ class RunContext:
     """
 
     def __init__(self, out_dir: Path, variant: str, seed: int = 0, device: str = "cpu", data_root: str | None = None,
-                 progress: bool = True, max_logit: float = 1e4, fault_diverge_step: int | None = None,
-                 checkpoint_every: int = 0, rank: int = 0, world_size: int = 1, checkpoints=None,
-                 run_name: str = "", fault_crash_step: int | None = None, fault_crash_exits: bool = False,
-                 fault_diverge_rank: int | None = None):
+                 progress: bool = True, max_logit: float = 1e4, checkpoint_every: int = 0, rank: int = 0,
+                 world_size: int = 1, checkpoints=None, run_name: str = ""):
         from quest_sdk.checkpoint import FolderCheckpoints
 
         self.out_dir, self.variant, self.seed = Path(out_dir), variant, seed
@@ -234,9 +228,6 @@ class RunContext:
         self.checkpoint_every = checkpoint_every  # steps between checkpoints; 0 = ten per run
         self.checkpoints = checkpoints or FolderCheckpoints(self.out_dir, write=self.is_main)
         self.run_name = run_name or self.out_dir.name
-        self.fault_diverge_step = fault_diverge_step  # test-only fault injection (see quest_bench.runner)
-        self.fault_diverge_rank = fault_diverge_rank  # None: every worker diverges at fault_diverge_step
-        self.fault_crash_step, self.fault_crash_exits = fault_crash_step, fault_crash_exits
         self.telemetry_last: dict[str, float] = {}
         self.resumed_from_step = 0
         self._bar = self._tracker = None
@@ -289,19 +280,8 @@ class RunContext:
 
     def check(self, step: int, loss: float, telemetry: dict[str, float] | None = None) -> None:
         """Raise Diverged on a non-finite loss or exploding attention logits. With several workers the decision is
-        global (``agree``): every worker raises at the same step, whichever worker saw it."""
-        if self.fault_crash_step is not None and step >= self.fault_crash_step:  # test-only: dies mid-run
-            if self.fault_crash_exits:
-                import os
-                import time
-
-                if self.world_size > 1:  # let Ray Train's controller collect the last reported checkpoint (it
-                    time.sleep(5)        # polls the workers every few seconds) before the worker dies
-                os._exit(17)
-            raise SimulatedCrash(f"simulated crash at step {step}")
-        if self.fault_diverge_step is not None and step >= self.fault_diverge_step \
-                and self.fault_diverge_rank in (None, self.rank):
-            loss = math.nan
+        global (``agree``): every worker raises at the same step, whichever worker saw it. Called after every
+        optimizer step (``quest_sdk.engine.Trainer``): a subclass that overrides it sees every step of the run."""
         bad_rank, loss, telemetry = self.agree(loss, telemetry)
         if not math.isfinite(loss):
             where = f" on worker {bad_rank} of {self.world_size}" if self.world_size > 1 else ""

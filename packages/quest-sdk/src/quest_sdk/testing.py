@@ -9,7 +9,24 @@ from typing import Callable
 import numpy as np
 import torch
 
-from quest_sdk.task import RunContext, SimulatedCrash
+from quest_sdk.task import RunContext
+
+
+class SimulatedCrash(Exception):
+    """A run stopped mid-training (``CrashingContext``), as if its process died after its last checkpoint."""
+
+
+class CrashingContext(RunContext):
+    """A run context whose run stops with ``SimulatedCrash`` at optimizer step ``crash_step``."""
+
+    def __init__(self, *args, crash_step: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.crash_step = crash_step
+
+    def check(self, step: int, loss: float, telemetry: dict[str, float] | None = None) -> None:
+        if step >= self.crash_step:
+            raise SimulatedCrash(f"simulated crash at step {step}")
+        super().check(step, loss, telemetry)
 
 
 def straight_and_resumed(run: Callable, cfg, folder: Path, variant: str = "quest", seed: int = 0,
@@ -18,11 +35,11 @@ def straight_and_resumed(run: Callable, cfg, folder: Path, variant: str = "quest
     ``crash_step`` (a ``SimulatedCrash``, after the checkpoint of the last multiple of ``checkpoint_every``) and
     started again. Returns (straight metrics, resumed metrics, the step the second attempt resumed from)."""
 
-    def attempt(out: Path, **faults):
+    def attempt(out: Path, context: type = RunContext, **kwargs):
         random.seed(seed)  # the global generators, as quest_bench.runner seeds them before every run
         np.random.seed(seed)
         torch.manual_seed(seed)
-        ctx = RunContext(out, variant, seed, progress=False, checkpoint_every=checkpoint_every, **faults)
+        ctx = context(out, variant, seed, progress=False, checkpoint_every=checkpoint_every, **kwargs)
         try:
             return run(cfg, ctx).metrics, ctx.resumed_from_step
         finally:
@@ -30,7 +47,7 @@ def straight_and_resumed(run: Callable, cfg, folder: Path, variant: str = "quest
 
     straight, _ = attempt(Path(folder) / "straight")
     try:
-        attempt(Path(folder) / "resumed", fault_crash_step=crash_step)
+        attempt(Path(folder) / "resumed", CrashingContext, crash_step=crash_step)
     except SimulatedCrash:
         pass
     else:
