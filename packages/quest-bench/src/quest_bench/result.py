@@ -32,6 +32,8 @@ class RunResult:
     env: dict[str, Any] = field(default_factory=dict)  # package versions, git sha, dirty flag, device, host, python
     data: dict[str, str] = field(default_factory=dict)  # dataset name and content hash or revision
     config: dict[str, Any] = field(default_factory=dict)  # the task's full resolved config
+    preset_values: dict[str, Any] = field(default_factory=dict)  # the preset's own value of each overridden key (the
+    # default recipe a tuned suite's report shows beside its best cell, without building the task)
     resumed_from_step: int = 0  # the checkpoint step a restarted run resumed from (0: trained from the start)
     finished_at: str = ""  # when the run ended, ISO 8601 UTC ("" in results written before this field existed)
     schema_version: int = SCHEMA_VERSION  # version of this schema
@@ -118,7 +120,7 @@ def check_record(data) -> None:
     value = data.get("metric_directions", {})
     if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
         wrong("metric_directions", "an object of true/false (higher is better) by metric name")
-    for key in ("overrides", "env", "config", "data"):
+    for key in ("overrides", "env", "config", "data", "preset_values"):
         if not isinstance(data.get(key, {}), dict):
             wrong(key, "an object")
         if depth(data.get(key, {})) > MAX_DEPTH:

@@ -110,8 +110,19 @@ def edge_keys(options: list[Choice], choice: Choice) -> list[str]:
     return edges
 
 
+def preset_cell(runs: list[RunResult], keys: tuple[str, ...]) -> dict | None:
+    """The preset's own values of the tune keys (its default recipe), as the runs stored them: an overridden key's
+    from ``preset_values``, any other from the resolved ``config``. No task is built, so a report needs only the
+    results. None when no run records every key (results written before ``preset_values`` existed)."""
+    for r in runs:
+        if all(k in r.preset_values or (k not in r.overrides and k in r.config) for k in keys):
+            return {k: r.preset_values[k] if k in r.preset_values else r.config[k] for k in keys}
+    return None
+
+
 def default_cell(task: str, preset: str, keys: tuple[str, ...]) -> dict | None:
-    """The preset's own values of the tune keys (its default recipe), or None if the task is not installed."""
+    """Superseded by ``preset_cell`` (which reads the stored runs instead of building the task); kept until the
+    leaderboard calls that. The preset's own values of the tune keys, or None if the task is not installed."""
     from quest_bench.registry import get_task
 
     try:
