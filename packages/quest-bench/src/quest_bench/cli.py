@@ -533,6 +533,37 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_pairs(args) -> int:
+    """`pairs`: two variants of one suite tested against each other, per level of a grid key and pooled."""
+    from quest_bench.pairs import markdown, pair_tests
+    from quest_bench.publish import RUNS, read_table, result_of
+    from quest_bench.runs import collect
+    from quest_bench.suite import suite_name
+
+    if bool(args.suite) == bool(args.published):
+        raise ValueError("pairs reads one suite: give --suite NAME (stored results) or --from DIR (a published suite)")
+    a, b = parse_pair(args.variants)
+    if args.published:
+        results = [result_of(row) for row in read_table(Path(args.published) / RUNS)]
+    else:
+        results = collect(existing_results(Path(args.results)), [suite_name(args.suite)]).results
+    if not results:
+        raise ValueError(f"no runs found for suite {args.suite or args.published!r}")
+    for task, preset in sorted({(r.task, r.preset) for r in results}):
+        runs = [r for r in results if (r.task, r.preset) == (task, preset)]
+        metric = args.metric or runs[0].primary_metric
+        tests = pair_tests(runs, a, b, metric, args.by)
+        print(f"## {task} ({preset})\n\n{markdown(tests, a, b, metric, args.by)}")
+    return 0
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if len(names) != 2 or names[0] == names[1]:
+        raise ValueError(f"--variants takes two different variants as A,B (e.g. quest,qknorm), got {text!r}")
+    return names[0], names[1]
+
+
 def cmd_export(args) -> int:
     from quest_bench.runs import ADHOC, collect, export
 
@@ -670,6 +701,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--all", action="store_true", help="every config key, not only the differing ones")
     compare.add_argument("--results", default="results")
     compare.set_defaults(fn=cmd_compare)
+    pairs = sub.add_parser("pairs", help="two variants tested against each other, paired on (seed, other overrides): "
+                           "per level of a grid key (--by) and pooled")
+    pairs.add_argument("--suite", help="suite name or file (stored results)")
+    pairs.add_argument("--from", dest="published", metavar="DIR", help="a published suite (docs/results/<suite>)")
+    pairs.add_argument("--variants", required=True, help="A,B: the two variants, e.g. quest,qknorm")
+    pairs.add_argument("--by", help="a grid key: one test per value (Holm-corrected across them) and one pooled")
+    pairs.add_argument("--metric", help="the metric to compare (default: each task's primary metric)")
+    pairs.add_argument("--results", default="results")
+    pairs.set_defaults(fn=cmd_pairs)
     exp = sub.add_parser("export", help="one row per run with flattened metrics, as CSV, JSON or Parquet")
     exp.add_argument("--suite", action="append", help="suite name or file (repeatable)")
     add_shape_args(exp, "the suite `sweep --task ...` made with the same options")
