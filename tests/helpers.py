@@ -13,7 +13,7 @@ def write_suite(folder: Path, name: str, variants=("softmax", "quest"), seeds=(0
     path = folder / f"{name}.yaml"
     path.write_text(
         f"name: {name}\ntasks: [spurious]\nvariants: [{', '.join(variants)}]\npresets: [tiny]\n"
-        f"seeds: [{', '.join(map(str, seeds))}]\noverrides: {{steps: {steps}, eval_samples: 300, log_every: 10}}\n{extra}"
+        f"seeds: [{', '.join(map(str, seeds))}]\noverrides: {{steps: {steps}, warmup_steps: {steps // 10}, eval_samples: 300, log_every: 10}}\n{extra}"
     )
     return path
 

@@ -25,8 +25,8 @@ def test_set_3e_3_and_0_003_are_one_float_and_one_run_id():
 
 
 def test_an_integer_for_a_float_field_and_text_for_an_int_field_are_typed():
-    spec = resolve(RunSpec("spurious", "quest", "tiny", 0, {"weight_decay": 0, "steps": "40"}))
-    assert spec.overrides == {"weight_decay": 0.0, "steps": 40}
+    spec = resolve(RunSpec("spurious", "quest", "tiny", 0, {"weight_decay": 0, "steps": "40", "warmup_steps": "4"}))
+    assert spec.overrides == {"weight_decay": 0.0, "steps": 40, "warmup_steps": 4}
     assert type(spec.overrides["weight_decay"]) is float and type(spec.overrides["steps"]) is int
     with pytest.raises(ValueError, match="config key 'steps' expects int, got '4e1x'"):
         resolve(RunSpec("spurious", "quest", "tiny", 0, {"steps": "4e1x"}))

@@ -5,7 +5,8 @@ import pytest
 
 from quest_bench import cli
 from quest_bench.registry import get_task, task_names
-from quest_sdk.engine import TrainSpec, warmup_steps_for
+from quest_sdk.config import WARMUP_KEYS, TrainingConfig
+from quest_sdk.engine import warmup_steps_for
 
 MODELNET10 = ("bathtub", "bed", "chair", "desk", "dresser", "monitor", "night_stand", "sofa", "table", "toilet")
 
@@ -90,12 +91,18 @@ def test_imagenet_s_flat_val_is_named_with_the_command_that_sorts_it(tmp_path):
     task.check_data(config, str(tmp_path))
 
 
-def test_one_warm_up_rule_clamps_a_warm_up_longer_than_the_run_in_every_unit():
-    lm = get_task("lm").make_config("tiny", {"steps": 10, "warmup_steps": 50})
-    assert TrainSpec.from_config(lm, lm.steps).warmup_steps == 10  # was a failed run
-    series = get_task("timeseries").make_config("tiny", {"epochs": 1, "warmup_epochs": 5})  # was refused
-    assert warmup_steps_for(series, steps=7, steps_per_epoch=7) == 7
-    assert warmup_steps_for(series, steps=70, steps_per_epoch=7) == 35  # inside the run: as declared
+@pytest.mark.parametrize("name", [n for n in task_names() if issubclass(get_task(n).config_class, TrainingConfig)])
+def test_one_warm_up_rule_refuses_a_warm_up_longer_than_the_run_when_resolved(name):
+    task = get_task(name)
+    config = task.make_config("tiny", {})
+    for warmup_key, length_key in WARMUP_KEYS:
+        if hasattr(config, warmup_key):
+            with pytest.raises(ValueError, match=rf"task '{name}': invalid config: the warm-up is longer than the run: "
+                                                 rf"{warmup_key}=3 > {length_key}=2; set {warmup_key} to at most 2"):
+                task.make_config("tiny", {length_key: 2, warmup_key: 3})
+            task.make_config("tiny", {length_key: 2, warmup_key: 2})  # as long as the run: warms up throughout
+    series = get_task("timeseries").make_config("tiny", {"epochs": 10, "warmup_epochs": 5})
+    assert warmup_steps_for(series, steps=70, steps_per_epoch=7) == 35
     asr = get_task("asr").make_config("tiny", {"warmup_frac": 0.05})
     assert warmup_steps_for(asr, steps=100) == 5
     with pytest.raises(ValueError, match="needs the steps per epoch"):

@@ -6,7 +6,7 @@ import pytest
 
 from quest_bench.cli import main
 
-FAST = ["--set", "steps=30", "--set", "eval_samples=200", "--quiet"]
+FAST = ["--set", "steps=30", "--set", "warmup_steps=5", "--set", "eval_samples=200", "--quiet"]
 
 
 def test_tasks_lists_spurious_and_variants(capsys):

@@ -14,7 +14,7 @@ from quest_bench.runner import resolve
 from quest_bench.spec import RunSpec
 from quest_bench.store import Store
 
-FAST = ["--set", "steps=30", "--set", "eval_samples=200", "--quiet"]
+FAST = ["--set", "steps=30", "--set", "warmup_steps=5", "--set", "eval_samples=200", "--quiet"]
 
 
 def fake_run(store, variant, seed, value, status="ok", lr=0.003):

@@ -31,11 +31,14 @@ def test_seeds_and_grid_parse_as_a_suite_file_would_hold_them():
 
 
 def test_a_command_line_suite_expands_like_a_file_and_its_name_follows_canonical_values(tmp_path):
-    suite, raw = cli_suite("spurious", "softmax,quest", "0-1", "tiny", {"steps": 40}, {"lr": ["1e-3", "3e-3"]})
+    suite, raw = cli_suite("spurious", "softmax,quest", "0-1", "tiny", {"steps": 40, "warmup_steps": 4},
+                           {"lr": ["1e-3", "3e-3"]})
     assert len(suite.specs) == 8 and {s.overrides["lr"] for s in suite.specs} == {0.001, 0.003}
-    same, _ = cli_suite("spurious", "softmax,quest", "0-1", "tiny", {"steps": "40"}, {"lr": [0.001, 0.003]})
+    same, _ = cli_suite("spurious", "softmax,quest", "0-1", "tiny", {"steps": "40", "warmup_steps": "4"},
+                        {"lr": [0.001, 0.003]})
     assert same.name == suite.name and suite.name.startswith("spurious-cli-")
-    other, _ = cli_suite("spurious", "softmax,quest", "0-2", "tiny", {"steps": 40}, {"lr": [0.001, 0.003]})
+    other, _ = cli_suite("spurious", "softmax,quest", "0-2", "tiny", {"steps": 40, "warmup_steps": 4},
+                         {"lr": [0.001, 0.003]})
     assert other.name != suite.name
     path = record_cli_suite(suite, raw, tmp_path)
     assert path == tmp_path / suite.name / "suite.yaml"

@@ -43,7 +43,7 @@ def test_ties_go_to_the_first_cell_in_grid_order_whatever_the_results_order():
 def write_suite(folder: Path, confirm: str, seeds="[0, 1, 2]", variants="[softmax, quest]", tune="tune: [lr]") -> Path:
     path = folder / "confirmed.yaml"
     path.write_text(f"name: confirmed\ntasks: [spurious]\nvariants: {variants}\npresets: [tiny]\nseeds: {seeds}\n"
-                    f"overrides: {{steps: 20}}\ngrid: {{lr: [0.001, 0.01]}}\n{tune}\n{confirm}\n")
+                    f"overrides: {{steps: 20, warmup_steps: 2}}\ngrid: {{lr: [0.001, 0.01]}}\n{tune}\n{confirm}\n")
     return path
 
 

@@ -109,7 +109,7 @@ def test_two_sweeps_started_together_on_loaded_cores_both_finish(tmp_path):
     busy = busy_processes(2 * (os.cpu_count() or 1))
     try:
         on_the_command_line = ["--task", "spurious", "--variants", "softmax", "--seeds", "0-1", "--name", "busy1",
-                               "--set", "steps=40", "--set", "eval_samples=300", "--set", "log_every=10"]
+                               "--set", "steps=40", "--set", "warmup_steps=4", "--set", "eval_samples=300", "--set", "log_every=10"]
         procs = [sweep_process(write_suite(tmp_path, "busy0", variants=("softmax",), seeds=(0, 1)),
                                tmp_path / "results", scratch),
                  sweep_process(on_the_command_line, tmp_path / "results", scratch)]

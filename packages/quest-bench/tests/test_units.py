@@ -32,7 +32,7 @@ def test_registry_lists_spurious_and_suggests_on_typos():
 
 def test_task_config_validation():
     task = get_task("spurious")
-    cfg = task.make_config("tiny", {"lr": "0.01", "steps": "7", "decay_query_and_scales": "false"})
+    cfg = task.make_config("tiny", {"lr": "0.01", "steps": "7", "warmup_steps": "2", "decay_query_and_scales": "false"})
     assert (cfg.lr, cfg.steps, cfg.decay_query_and_scales) == (0.01, 7, False)
     with pytest.raises(ValueError, match="no preset 'huge'; valid presets: tiny, small, paper"):
         task.make_config("huge", {})
@@ -44,7 +44,7 @@ def test_task_config_validation():
         task.make_config("tiny", {"steps": 3.5})
     with pytest.raises(ValueError, match="expects bool, got 'maybe'"):
         task.make_config("tiny", {"decay_query_and_scales": "maybe"})
-    assert task.make_config("tiny", {"lr": 1, "steps": "12"}).lr == 1.0
+    assert task.make_config("tiny", {"lr": 1, "steps": "12", "warmup_steps": 2}).lr == 1.0
 
 
 def make_result(run_id, variant="quest", status="ok", value=1.0):

@@ -11,7 +11,7 @@ from quest_bench.cli import main
 from quest_bench.spec import RunSpec
 from quest_bench.store import StoreLock
 
-FAST = ["--set", "steps=30", "--set", "eval_samples=200", "--quiet"]
+FAST = ["--set", "steps=30", "--set", "warmup_steps=5", "--set", "eval_samples=200", "--quiet"]
 
 RUN_OPTIONS = {
     "threads -1": (["--threads", "-1"], r"--threads must be an integer >= 1, got -1"),

@@ -10,7 +10,7 @@ import io
 import tokenize
 from typing import Any
 
-from quest_sdk.config import RANGE_KEY
+from quest_sdk.config import valid_values
 
 
 def field_comments(config_class: type) -> dict[str, str]:
@@ -35,7 +35,8 @@ def field_comments(config_class: type) -> dict[str, str]:
                 while row <= len(lines) and lines[row - 1].strip().startswith("#"):
                     text.append(line_comments[row])
                     row += 1
-                comments[field_node.target.id] = " ".join(text)
+                if text or field_node.target.id not in comments:  # an overriding default keeps the base's comment
+                    comments[field_node.target.id] = " ".join(text)
     return comments
 
 
@@ -45,7 +46,7 @@ def describe_config(config: Any) -> list[dict[str, Any]]:
     rows = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        valid = f.metadata.get(RANGE_KEY)
+        valid = valid_values(type(config), f.name)  # declared by the field or the base class it overrides
         rows.append({"key": f.name, "value": value, "type": type(value).__name__,
                      "valid": valid.describe() if valid is not None else f"any {type(value).__name__}",
                      "comment": comments.get(f.name, "")})

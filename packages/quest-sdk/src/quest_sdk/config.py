@@ -72,8 +72,15 @@ def param(default: Any, *, ge: float | None = None, gt: float | None = None, le:
 
 
 def valid_values(config_class: type, key: str) -> Valid | None:
-    """The declared valid values of a field (None: any value of its type)."""
-    return {f.name: f for f in dataclasses.fields(config_class)}[key].metadata.get(RANGE_KEY)
+    """The declared valid values of a field (None: any value of its type). A subclass that sets another default
+    (``lr: float = 2e-3``) keeps the range its base class declared with ``param``."""
+    for cls in config_class.__mro__:
+        field = getattr(cls, "__dataclass_fields__", {}).get(key)
+        if field is not None and RANGE_KEY in field.metadata:
+            return field.metadata[RANGE_KEY]
+    if key not in {f.name for f in dataclasses.fields(config_class)}:
+        raise KeyError(key)
+    return None
 
 
 def coerce(value: Any, kind: type, key: str) -> Any:
@@ -115,13 +122,71 @@ def typed_values(config_class: type, values: dict[str, Any], owner: str) -> dict
 def make_config(config_class: type, values: dict[str, Any], owner: str) -> Any:
     """Build ``config_class`` from ``values`` (preset + overrides): unknown keys, wrong types and out-of-range
     values fail with a ``ValueError`` that names the key, the value and what is valid. ``owner`` names the task."""
-    fields = {f.name: f for f in dataclasses.fields(config_class)}
     typed = typed_values(config_class, values, owner)
     for key, value in typed.items():
-        valid = fields[key].metadata.get(RANGE_KEY)
+        valid = valid_values(config_class, key)
         if valid is not None and not valid.accepts(value):
             raise ValueError(f"{owner}: config key {key!r} = {value!r} is out of range; valid: {valid.describe()}")
     try:
         return config_class(**typed)
     except ValueError as err:  # a check across fields in __post_init__
         raise ValueError(f"{owner}: invalid config: {err}") from None
+
+
+@dataclass
+class TrainingConfig:
+    """The optimisation settings of every task that trains through ``quest_sdk.engine``: a task's config inherits
+    them (from ``EpochTraining`` or ``StepTraining``, which add the run's length and its warm-up) and sets its own
+    defaults by redeclaring a field with a plain value (``lr: float = 2e-3``), keeping the range declared here.
+    ``lr`` and ``weight_decay`` default to ``torch.optim.AdamW``'s own defaults.
+
+    Every field is checked against its declared range when the config is built, defaults included, and the
+    warm-up may not be longer than the run (``check_warmup``): both fail with a ``ValueError`` naming the values.
+    """
+
+    batch_size: int = param(32, ge=1)  # global batch (split over data-parallel workers)
+    lr: float = param(1e-3, gt=0)  # AdamW peak, after the linear warm-up; cosine decay after it
+    weight_decay: float = param(0.01, ge=0)  # AdamW, on weight matrices and embeddings (engine.decay_groups)
+    grad_clip: float = param(0.0, ge=0)  # max global gradient norm (0 = off; the norm is logged either way)
+    amp: bool = False  # bfloat16 autocast
+    log_every: int = param(10, ge=1)  # steps between telemetry rows in events.jsonl
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            valid = valid_values(type(self), field.name)
+            value = getattr(self, field.name)
+            if valid is not None and not valid.accepts(value):
+                raise ValueError(f"{field.name} = {value!r} is out of range; valid: {valid.describe()}")
+        check_warmup(self)
+
+
+@dataclass
+class EpochTraining(TrainingConfig):
+    """Training for ``epochs`` passes over the training set, warming up for the first ``warmup_epochs``."""
+
+    epochs: int = param(10, ge=1)  # passes over the training set (the last partial batch dropped)
+    warmup_epochs: float = param(1.0, ge=0)  # linear warm-up, in (fractional) epochs; at most epochs
+
+
+@dataclass
+class StepTraining(TrainingConfig):
+    """Training for ``steps`` optimizer steps, warming up for the first ``warmup_steps``."""
+
+    steps: int = param(1000, ge=1)  # optimizer steps of the run
+    warmup_steps: int = param(0, ge=0)  # linear warm-up, in optimizer steps; at most steps
+
+
+# The warm-up of a run and the run's length, in the units the config declares them in: (warm-up key, length key).
+WARMUP_KEYS = (("warmup_steps", "steps"), ("warmup_epochs", "epochs"))
+
+
+def check_warmup(config) -> None:
+    """The one warm-up rule, checked when a config is built: a warm-up (``warmup_steps`` or ``warmup_epochs``) no
+    longer than the run (``steps`` or ``epochs``); a longer one is a ``ValueError`` naming both. (A warm-up given as
+    ``warmup_frac``, a fraction of the run, is in range by its declaration.)"""
+    for warmup_key, length_key in WARMUP_KEYS:
+        if hasattr(config, warmup_key) and hasattr(config, length_key):
+            warmup, length = getattr(config, warmup_key), getattr(config, length_key)
+            if warmup > length:
+                raise ValueError(f"the warm-up is longer than the run: {warmup_key}={warmup:g} > {length_key}="
+                                 f"{length:g}; set {warmup_key} to at most {length:g} (--set {warmup_key}=...)")

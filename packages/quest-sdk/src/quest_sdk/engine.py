@@ -4,7 +4,8 @@ logged, checked and checkpointed the same way.
 A task builds its model and says how to make a batch and its loss; ``Trainer.fit`` owns the rest:
 
 - AdamW over ``decay_groups``, linear warm-up then cosine decay to ``min_lr_ratio`` (``warmup_cosine``), all in
-  optimizer steps (a task with epochs converts once: ``steps = epochs * batches_per_epoch``);
+  optimizer steps: ``TrainSpec.from_config`` converts a task's ``quest_sdk.config.TrainingConfig`` (epochs with
+  ``steps_per_epoch``) once;
 - bf16 autocast (``amp``), gradient clipping (``grad_clip``; the gradient norm is logged either way);
 - the divergence check and identical per-layer attention telemetry in ``events.jsonl`` every ``log_every`` steps;
 - checkpoints of model, optimizer, scheduler, random states and watcher states every ``ctx.checkpoint_every``
@@ -97,11 +98,15 @@ class TrainSpec:
     telemetry_queries: int | None = 64  # queries per layer the telemetry looks at (None = all)
 
     @classmethod
-    def from_config(cls, config, steps: int, steps_per_epoch: float = 0.0, **fields) -> "TrainSpec":
-        """The spec of a task config with ``lr`` and ``weight_decay`` for a run of ``steps`` optimizer steps, its
-        warm-up by ``warmup_steps_for`` (the one rule of every task); ``fields`` set the other settings."""
-        return cls(steps=steps, lr=config.lr, weight_decay=config.weight_decay,
-                   warmup_steps=warmup_steps_for(config, steps, steps_per_epoch), **fields)
+    def from_config(cls, config, steps_per_epoch: int = 0, **fields) -> "TrainSpec":
+        """The spec of a task config (``quest_sdk.config.TrainingConfig``): the run's length in optimizer steps
+        (``training_steps``: epochs are converted with ``steps_per_epoch``), its warm-up (``warmup_steps_for``, the
+        one rule of every task), learning rate, weight decay, gradient clipping, autocast and logging interval;
+        ``fields`` set the settings a config does not hold (``min_lr_ratio``, ``betas``, ``telemetry_queries``)."""
+        steps = training_steps(config, steps_per_epoch)
+        return cls(**{"steps": steps, "lr": config.lr, "weight_decay": config.weight_decay,
+                      "warmup_steps": warmup_steps_for(config, steps, steps_per_epoch), "grad_clip": config.grad_clip,
+                      "amp": config.amp, "log_every": config.log_every, **fields})
 
     def __post_init__(self):
         if self.steps < 1:
@@ -110,22 +115,32 @@ class TrainSpec:
             raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}")
 
 
+def training_steps(config, steps_per_epoch: int = 0) -> int:
+    """The optimizer steps of a run: the config's ``steps``, or its ``epochs`` times ``steps_per_epoch``."""
+    if hasattr(config, "steps"):
+        return int(config.steps)
+    if not hasattr(config, "epochs"):
+        raise ValueError(f"{type(config).__name__} declares neither steps nor epochs: the run's length is unknown")
+    if not steps_per_epoch > 0:
+        raise ValueError(f"a run of {config.epochs} epochs needs the steps per epoch (engine.steps_per_epoch), "
+                         f"got {steps_per_epoch}")
+    return config.epochs * steps_per_epoch
+
+
 def warmup_steps_for(config, steps: int, steps_per_epoch: float = 0.0) -> int:
     """The warm-up of every task, in optimizer steps: the config's ``warmup_steps``, ``warmup_epochs`` (times
-    ``steps_per_epoch``, rounded down) or ``warmup_frac`` (of ``steps``, at least 1), clamped to the run, so that
-    a run shortened below its preset's warm-up (``--set epochs=2`` at ``paper``) warms up throughout instead of
-    failing. A config without a warm-up key has none."""
+    ``steps_per_epoch``, rounded down) or ``warmup_frac`` (of ``steps``, at least 1). A warm-up longer than the run
+    is refused when the config is built (``quest_sdk.config.check_warmup``), so none is clamped here. A config
+    without a warm-up key has none."""
     if hasattr(config, "warmup_steps"):
-        warmup = int(config.warmup_steps)
-    elif hasattr(config, "warmup_epochs"):
+        return int(config.warmup_steps)
+    if hasattr(config, "warmup_epochs"):
         if not steps_per_epoch > 0:
             raise ValueError("a warm-up in epochs (warmup_epochs) needs the steps per epoch")
-        warmup = int(config.warmup_epochs * steps_per_epoch)
-    elif hasattr(config, "warmup_frac"):
-        warmup = max(1, int(config.warmup_frac * steps))
-    else:
-        warmup = 0
-    return max(0, min(steps, warmup))
+        return int(config.warmup_epochs * steps_per_epoch)
+    if hasattr(config, "warmup_frac"):
+        return max(1, int(config.warmup_frac * steps))
+    return 0
 
 
 class Watcher(Protocol):

@@ -157,9 +157,9 @@ def train(model: Detector, cfg: Det3dConfig, samples: list[D.Sample], num_classe
     """The shared engine with gradient clipping, shuffled epochs, flip/rotate/scale augmentation from the step's
     generator, CenterPoint losses (focal heatmap + 0.25 x weighted L1 code); returns the steps."""
     per_epoch = steps_per_epoch(len(samples), cfg.batch_size, "training samples")
-    steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps, per_epoch, grad_clip=cfg.grad_clip,
-                                            amp=cfg.amp, log_every=cfg.log_every), "det3d")
+    spec = TrainSpec.from_config(cfg, per_epoch)
+    steps = spec.steps
+    trainer = Trainer(model, ctx, spec, "det3d")
     sampler = trainer.epoch_batches(len(samples), cfg.batch_size)
     grid = model.grid  # the target geometry; the network itself is only called through loss_fn's ``net``
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_sdk.config import param
+from quest_sdk.config import EpochTraining, param
 from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
 
 @dataclass
-class Det3dConfig:
+class Det3dConfig(EpochTraining):
     dataset: str = param("sim", choices=("sim", "nuscenes-mini", "nuscenes"))  # sim (generated v1.0-mini) |
     # nuscenes-mini | nuscenes (v1.0-trainval), real from --data-root
     sim_samples: int = param(40, ge=2)  # key frames per simulated scene (10 scenes: 8 train, 2 val)
@@ -27,12 +27,11 @@ class Det3dConfig:
     dim: int = param(64, ge=1)  # transformer width (stride-8 tokens)
     depth: int = param(2, ge=1)
     num_heads: int = param(4, ge=1)
-    epochs: int = param(4, ge=1)
-    batch_size: int = param(4, ge=1)
-    lr: float = param(2e-3, gt=0)  # AdamW peak; warm-up then cosine to 1 %
-    weight_decay: float = param(0.01, ge=0)
-    warmup_epochs: float = param(0.5, ge=0)
-    grad_clip: float = param(10.0, ge=0)
+    epochs: int = 4
+    batch_size: int = 4
+    lr: float = 2e-3  # AdamW peak; warm-up then cosine to 1 %
+    warmup_epochs: float = 0.5
+    grad_clip: float = 10.0
     velocity_weight: float = param(1.0, ge=0)  # of the velocity in the regression loss (CenterPoint: 0.2 over 20
     # epochs)
     augment: bool = False  # random flips, rotation within +-22.5 degrees, scaling within 0.95-1.05 (see README: on the
@@ -43,13 +42,12 @@ class Det3dConfig:
     top_k: int = param(100, ge=1)  # detections kept per sample
     severities: str = param("1,2,3", items=int, ge=1, le=3)  # corruption severities evaluated ("" = no robustness
     # evaluation)
-    amp: bool = False  # bfloat16 autocast (CUDA)
     figure_samples: int = param(3, ge=0)  # validation samples drawn in predictions.png (0 = no figure)
     in_memory: bool = True  # keep the clouds in memory (False: read them each time, for the real trainval)
     workers: int = param(0, ge=0)  # processes reading clouds (DataLoader workers)
-    log_every: int = param(10, ge=1)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
         cells = 2 * self.extent / self.pillar

@@ -128,11 +128,9 @@ def train(model: GraphGPS, cfg: GraphsConfig, graphs: list[Data], scale: TargetS
     """The shared engine: shuffled epochs of ``Batch.from_data_list``; cross-entropy, or L1 on standardised targets
     (GraphGPS's ZINC loss); with ``best``, the model is considered after every epoch. Returns the number of steps."""
     per_epoch = steps_per_epoch(len(graphs), cfg.batch_size, "training molecules")
-    steps = cfg.epochs * per_epoch
-    warmup = min(steps, int(cfg.warmup_epochs * per_epoch))  # a run shortened below its warm-up warms up throughout
-    trainer = Trainer(model, ctx, TrainSpec(steps=steps, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_steps=warmup,
-                                            grad_clip=cfg.grad_clip, amp=cfg.amp, log_every=cfg.log_every),
-                      f"graphs/{cfg.dataset}", watchers={"best_epoch": best} if best else None)
+    spec = TrainSpec.from_config(cfg, per_epoch)
+    steps = spec.steps
+    trainer = Trainer(model, ctx, spec, f"graphs/{cfg.dataset}", watchers={"best_epoch": best} if best else None)
 
     def loss_fn(net, idx, rng):  # no random augmentation: the step's generator is unused
         batch = Batch.from_data_list([graphs[i] for i in idx]).to(trainer.device)

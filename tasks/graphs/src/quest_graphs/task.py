@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_sdk.config import param
+from quest_sdk.config import EpochTraining, param
 from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
 CLASSIFICATION_DATASETS = ("solubility", "ogbg-molhiv")  # solubility is shipped; ogbg-molhiv from --data-root
@@ -19,7 +19,7 @@ REGRESSION_DATASETS = ("freesolv", "zinc")  # freesolv is shipped; zinc (ZINC-12
 
 
 @dataclass
-class GraphsConfig:
+class GraphsConfig(EpochTraining):
     dataset: str = param("solubility", choices=CLASSIFICATION_DATASETS)  # solubility is shipped; ogbg-molhiv
     # is read from --data-root
     dim: int = param(64, ge=2)  # node width of every GPS layer
@@ -36,20 +36,17 @@ class GraphsConfig:
     # per-atom layer norm
     dropout: float = param(0.0, ge=0, lt=1)  # GPSConv's dropout (residual branches and MLP)
     attn_dropout: float = param(0.0, ge=0, lt=1)  # dropout on the attention probabilities
-    epochs: int = param(40, ge=1)  # passes over the training molecules (the last partial batch dropped)
-    batch_size: int = param(32, ge=1)
-    lr: float = param(1e-3, gt=0)  # AdamW peak, warm-up then cosine to 1 %
-    weight_decay: float = param(1e-5, ge=0)  # on weight matrices and embeddings (quest_sdk.engine.decay_groups)
-    warmup_epochs: float = param(2.0, ge=0)  # linear warm-up (at most the whole run)
-    grad_clip: float = param(1.0, ge=0)  # max gradient norm (0 = off), as GraphGPS
-    amp: bool = False  # bfloat16 autocast (CUDA)
+    epochs: int = 40  # passes over the training molecules (the last partial batch dropped)
+    weight_decay: float = 1e-5  # on weight matrices and embeddings (quest_sdk.engine.decay_groups)
+    warmup_epochs: float = 2.0
+    grad_clip: float = 1.0  # max gradient norm (0 = off), as GraphGPS
     corruption_samples: int = param(0, ge=0)  # test graphs per (corruption, severity); 0 = all (class-balanced
     # subset for classification, a random one for regression)
-    log_every: int = param(10, ge=1)  # steps between telemetry rows in events.jsonl
     select_best: bool = False  # score the model of the epoch with the best validation score (GraphGPS's protocol:
     # ROC-AUC for ogbg-molhiv, MAE for regression, accuracy otherwise) instead of the last epoch's
 
     def __post_init__(self):
+        super().__post_init__()
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
         if self.pe_dim >= self.dim:

@@ -136,9 +136,9 @@ def train(model: Classifier, cfg: ImageClsConfig, train_set, ctx) -> int:
     from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
     per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, "training images")
-    steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps, per_epoch, amp=cfg.amp,
-                                            log_every=cfg.log_every), "image-cls")
+    spec = TrainSpec.from_config(cfg, per_epoch)
+    steps = spec.steps
+    trainer = Trainer(model, ctx, spec, "image-cls")
     sampler = trainer.epoch_batches(len(train_set), cfg.batch_size)
     mixup = (Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, label_smoothing=cfg.label_smoothing,
                    num_classes=D.NUM_CLASSES[cfg.dataset]) if cfg.mixup > 0 or cfg.cutmix > 0 else None)

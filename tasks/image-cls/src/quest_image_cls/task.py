@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_sdk.config import param
+from quest_sdk.config import EpochTraining, param
 from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
 
 @dataclass
-class ImageClsConfig:
+class ImageClsConfig(EpochTraining):
     dataset: str = param("digits", choices=("digits", "cifar10", "cifar100", "imagenet"))  # digits ships; the others
     # are read from --data-root
     img_size: int = param(28, ge=1)
@@ -20,17 +20,15 @@ class ImageClsConfig:
     num_heads: int = param(4, ge=1)
     mlp_ratio: float = param(2.0, gt=0)
     drop_path: float = param(0.0, ge=0, lt=1)
-    epochs: int = param(30, ge=1)
-    batch_size: int = param(128, ge=1)
-    lr: float = param(2e-3, gt=0)
-    weight_decay: float = param(0.05, ge=0)  # AdamW, on weight matrices only (quest_sdk.engine.decay_groups)
-    warmup_epochs: float = param(1.0, ge=0)
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 2e-3
+    weight_decay: float = 0.05  # AdamW, on weight matrices only (quest_sdk.engine.decay_groups)
     label_smoothing: float = param(0.0, ge=0, lt=1)
     mixup: float = param(0.0, ge=0)  # timm Mixup alpha (0 = off)
     cutmix: float = param(0.0, ge=0)  # timm CutMix alpha (0 = off)
     randaugment: str = ""  # timm auto_augment string, e.g. "rand-m9-mstd0.5-inc1" (ImageNet only)
     shift_pixels: int = param(0, ge=0)  # random translation of the shipped digits (0 = off: it cost accuracy here)
-    amp: bool = False  # bfloat16 autocast (CUDA)
     grad_checkpointing: bool = False  # recompute each block's activations in backward (timm's): the same
     # gradients for about a third more compute, so that ViT-B/L fit a 24 GB GPU at the recipe's 128 images per GPU
     num_workers: int = param(0, ge=0)
@@ -43,10 +41,11 @@ class ImageClsConfig:
     pgd_steps: int = param(10, ge=1)
     pgd_step_size: float = param(2 / 255, gt=0, le=1)
     autoattack: bool = False
-    log_every: int = param(20, ge=1)
+    log_every: int = 20
     figure_images: int = param(6, ge=1)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.img_size % self.patch_size:
             raise ValueError(f"img_size ({self.img_size}) must be a multiple of patch_size ({self.patch_size})")
         if self.embed_dim % self.num_heads:

@@ -76,9 +76,8 @@ def train(model: GPT, cfg: LmConfig, train_ids: torch.Tensor, ctx) -> tuple[int,
     """The shared engine on random windows of the training stream (each step's window starts drawn from the step's
     generator, shared by all workers, each training on its rows); returns (loss spikes, largest loss rise in nats)."""
     spikes = SpikeDetector(cfg.spike_threshold, start_step=cfg.warmup_steps)
-    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, cfg.steps, min_lr_ratio=cfg.min_lr_ratio,
-                                            betas=(0.9, 0.95), grad_clip=cfg.grad_clip, amp=cfg.amp,
-                                            log_every=cfg.log_every), "lm", watchers={"spikes": spikes})
+    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, min_lr_ratio=cfg.min_lr_ratio, betas=(0.9, 0.95)), "lm",
+                      watchers={"spikes": spikes})
     rows = trainer.shard(cfg.batch_size)
 
     def windows(start: int):

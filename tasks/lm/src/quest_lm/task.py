@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_sdk.config import param
+from quest_sdk.config import StepTraining, param
 from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
 
 @dataclass
-class LmConfig:
+class LmConfig(StepTraining):
     dataset: str = param("wikitext-mini", choices=("wikitext-mini", "wikitext-2", "wikitext-103"))  # wikitext-mini
     # ships; the others are read from --data-root
     tokenizer: str = param("word", choices=("word", "bpe"))  # word (WikiText's own vocabulary) | bpe (trained on train)
@@ -25,21 +25,21 @@ class LmConfig:
     adaptive_cutoffs: str = param("2000,6000", items=int, ge=1)  # adaptive-softmax cluster bounds (by frequency
     # rank); "" = tied softmax
     adaptive_div: float = param(4.0, ge=1)  # each tail cluster's projection is div times narrower than the previous
-    steps: int = param(700, ge=1)
-    batch_size: int = param(16, ge=1)
-    lr: float = param(3e-3, gt=0)  # peak learning rate (AdamW), after linear warm-up; cosine decay to min_lr_ratio * lr
-    warmup_steps: int = param(50, ge=0)
+    steps: int = 700
+    batch_size: int = 16
+    lr: float = 3e-3  # peak learning rate (AdamW), after linear warm-up; cosine decay to min_lr_ratio * lr
+    warmup_steps: int = 50
     min_lr_ratio: float = param(0.1, ge=0, le=1)
-    weight_decay: float = param(0.1, ge=0)  # on weight matrices and embeddings; not on biases, norms or attention gains
-    grad_clip: float = param(1.0, ge=0)  # max global gradient norm (0 = off)
-    amp: bool = False  # bfloat16 autocast (CUDA)
+    weight_decay: float = 0.1  # on weight matrices and embeddings; not on biases, norms or attention gains
+    grad_clip: float = 1.0
     eval_tokens: int = param(0, ge=0)  # evaluate on the first N tokens of valid/test (0 = all)
     corruption_rates: str = param("0.05,0.1,0.2", items=float, gt=0, le=1)  # input-token substitution rates for
     # corrupted perplexity
     spike_threshold: float = param(0.5, gt=0)  # a loss spike: smoothed loss this many nats above its running minimum
-    log_every: int = param(20, ge=1)
+    log_every: int = 20
 
     def __post_init__(self):
+        super().__post_init__()
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
         cutoffs = [int(c) for c in self.adaptive_cutoffs.split(",") if c.strip()]

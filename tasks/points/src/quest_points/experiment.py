@@ -76,9 +76,9 @@ def train(model, cfg: PointsConfig, points: int, x: torch.Tensor, y: torch.Tenso
     """The shared engine: shuffled epochs, a random subset of ``points`` points per cloud and scale/shift
     augmentation (from the step's generator), label smoothing; returns the number of steps."""
     per_epoch = steps_per_epoch(len(x), cfg.batch_size, "training clouds")
-    steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps, per_epoch, amp=cfg.amp,
-                                            log_every=cfg.log_every), f"points/{cfg.model}")
+    spec = TrainSpec.from_config(cfg, per_epoch)
+    steps = spec.steps
+    trainer = Trainer(model, ctx, spec, f"points/{cfg.model}")
 
     def loss_fn(net, idx, rng):
         clouds = subsample(x[idx], points, rng)

@@ -105,9 +105,9 @@ def train(model, loss_fn, train_set: D.Utterances, cfg: SpeechConfig, ctx, desc:
     """The shared engine over shuffled epochs, with gradient clipping and the optional narrow-band augmentation
     (from the step's generator); ``loss_fn(model, wave, lengths, targets)``. Returns the steps run."""
     per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, "training utterances")
-    steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps,
-                                            grad_clip=cfg.grad_clip, log_every=cfg.log_every), desc)
+    spec = TrainSpec.from_config(cfg, per_epoch)
+    steps = spec.steps
+    trainer = Trainer(model, ctx, spec, desc)
 
     def step_loss(net, idx, rng):
         wave, lengths = pad_batch([train_set.audio[j] for j in idx], trainer.device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_sdk.config import param
+from quest_sdk.config import TrainingConfig, param
 from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
 
@@ -22,7 +22,7 @@ def _resources(throughput: Throughput):
 
 
 @dataclass
-class SpeechConfig:
+class SpeechConfig(TrainingConfig):
     """What both speech tasks share: model, optimisation and evaluation sizes."""
 
     dim: int = param(96, ge=1)
@@ -35,19 +35,18 @@ class SpeechConfig:
     freq_mask: int = param(8, ge=0)  # SpecAugment (0 = off)
     time_mask: int = param(10, ge=0)
     epochs: int = param(20, ge=1)
-    batch_size: int = param(32, ge=1)
-    lr: float = param(2e-3, gt=0)
-    weight_decay: float = param(0.01, ge=0)
-    warmup_frac: float = param(0.05, ge=0, le=1)
-    grad_clip: float = param(5.0, ge=0)
+    lr: float = 2e-3
+    warmup_frac: float = param(0.05, ge=0, le=1)  # linear warm-up over this fraction of the run (at least 1 step)
+    grad_clip: float = 5.0
     narrowband: float = param(0.0, ge=0, le=1)  # probability that a training clip is band-limited to 4 kHz
     # (resampled to 8 kHz and back)
     val_fraction: float = param(0.1, ge=0, lt=1)  # synthesized data: the training voices held out for validation
     # (what a -tuned suite selects on; the same for every run); real data use their official validation split
     perturb_samples: int = param(200, ge=0)  # test utterances per perturbation level (0 = skip)
-    log_every: int = param(20, ge=1)
+    log_every: int = 20
 
     def __post_init__(self):
+        super().__post_init__()
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
         if self.kernel_size % 2 == 0:

@@ -24,8 +24,7 @@ def run(cfg: SpuriousConfig, ctx) -> TaskOutput:
     biased = [t.to(device) for t in data.sample(cfg.eval_samples, eval_gen, biased=True)]
     probe = [t[:256] for t in biased]  # fixed biased batch for the key-norm curve
 
-    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, cfg.steps, min_lr_ratio=0.0,
-                                            log_every=cfg.log_every, telemetry_queries=None),
+    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, min_lr_ratio=0.0, telemetry_queries=None),
                       "spurious", param_groups=param_groups(model, cfg),
                       log_extra=lambda: answer_key_norms(model, probe))
     rows = trainer.shard(cfg.batch_size)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_sdk.config import param
+from quest_sdk.config import StepTraining, param
 from quest_sdk.task import Resources, Task, TaskOutput
 
 
 @dataclass
-class SpuriousConfig:
+class SpuriousConfig(StepTraining):
     seq_len: int = param(16, ge=2)  # N tokens per sample
     key_dim: int = param(8, ge=1)  # dimension of x^k
     num_values: int = param(8, ge=2)  # C, number of one-hot values (chance = 1/C)
@@ -41,17 +41,18 @@ class SpuriousConfig:
     hidden: int = param(32, ge=1)
     query_init_norm: float = param(0.0, ge=0)  # ‖q‖ at init (the initial inverse temperature of quest and
     # softmax); 0 = sqrt(head_dim), where qknorm's scale g starts, so every variant starts equally sharp
-    steps: int = param(1500, ge=1)
-    batch_size: int = param(128, ge=1)
-    lr: float = param(3e-3, gt=0)
-    weight_decay: float = param(0.0, ge=0)
+    steps: int = 1500
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.0
     decay_query_and_scales: bool = True  # apply weight decay to the query (QUEST's temperature) and qknorm scales
-    warmup_steps: int = param(50, ge=0)
+    warmup_steps: int = 50
     eval_samples: int = param(4000, ge=1)
-    log_every: int = param(25, ge=1)
+    log_every: int = 25
     success_fraction: float = param(0.5, ge=0, le=1)  # success: unbiased acc >= floor + success_fraction · (bayes - floor)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.signal_dims > self.key_dim:
             raise ValueError(f"signal_dims ({self.signal_dims}) must be <= key_dim ({self.key_dim})")
 

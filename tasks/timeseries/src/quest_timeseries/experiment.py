@@ -73,9 +73,9 @@ def train(model: SeriesTransformer, cfg: TimeseriesConfig, data: Series, ctx) ->
     """The shared engine: shuffled epochs, optional random crops (from the step's generator), label smoothing;
     returns the number of steps."""
     per_epoch = steps_per_epoch(len(data), cfg.batch_size, "training series")
-    steps = cfg.epochs * per_epoch
-    trainer = Trainer(model, ctx, TrainSpec.from_config(cfg, steps, per_epoch, amp=cfg.amp,
-                                            log_every=cfg.log_every), f"timeseries/{cfg.dataset}")
+    spec = TrainSpec.from_config(cfg, per_epoch)
+    steps = spec.steps
+    trainer = Trainer(model, ctx, spec, f"timeseries/{cfg.dataset}")
 
     def loss_fn(net, idx, rng):
         x, observed = data.x[idx], data.observed[idx]

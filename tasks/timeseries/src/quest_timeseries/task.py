@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quest_sdk.config import param
+from quest_sdk.config import EpochTraining, param
 from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
 
 
 @dataclass
-class TimeseriesConfig:
+class TimeseriesConfig(EpochTraining):
     dataset: str = "JapaneseVowels"  # a UEA multivariate problem: JapaneseVowels and BasicMotions ship with aeon,
     # any other is read from --data-root (<root>/Multivariate_ts/<Name>/<Name>_{TRAIN,TEST}.ts)
     val_fraction: float = param(0.2, gt=0, lt=1)  # of the official TRAIN set, stratified, fixed seed (not the run's)
@@ -21,18 +21,16 @@ class TimeseriesConfig:
     num_heads: int = param(4, ge=1)
     mlp_ratio: float = param(2.0, gt=0)  # MLP hidden width / dim
     dropout: float = param(0.1, ge=0, lt=1)  # on attention weights, attention output and MLP output
-    epochs: int = param(40, ge=1)  # over the training part (TRAIN less validation)
-    batch_size: int = param(16, ge=1)
-    lr: float = param(1e-3, gt=0)  # AdamW peak, warm-up then cosine to 1 %
-    weight_decay: float = param(0.05, ge=0)  # on weight matrices only (quest_sdk.engine.decay_groups)
-    warmup_epochs: float = param(2.0, ge=0)  # linear warm-up (longer than the run: the whole run warms up)
+    epochs: int = 40  # over the training part (TRAIN less validation)
+    batch_size: int = 16
+    weight_decay: float = 0.05  # on weight matrices only (quest_sdk.engine.decay_groups)
+    warmup_epochs: float = 2.0
     label_smoothing: float = param(0.1, ge=0, lt=1)
     augment: bool = False  # a random crop of 80-100 % of each training series' observed steps
-    amp: bool = False  # bfloat16 autocast (CUDA)
     corruption_samples: int = param(0, ge=0)  # test series per (corruption, severity), stratified; 0 = all
-    log_every: int = param(10, ge=1)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be a multiple of num_heads ({self.num_heads})")
 
