@@ -302,7 +302,7 @@ def test_an_interrupted_run_resumes_from_mmengine_s_latest_checkpoint(tmp_path):
 
     ctx = RunContext(tmp_path / "resumed", "quest", 0, progress=False, checkpoint_every=4)
     try:  # started again after training ended: nothing trained, the same metrics (final_* from the checkpoint)
-        again = run(cfg, ctx).metrics
+        again = {**run(cfg, ctx).metrics, **ctx.final_metrics()}  # as the runner records them
     finally:
         ctx.close()
     assert ctx.resumed_from_step == 10 and again == straight and "final_max_logit" in again

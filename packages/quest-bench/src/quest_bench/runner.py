@@ -124,7 +124,7 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         result.primary_metric, result.validation_metric = task.metrics_for(config)
         seed_everything(spec.seed)
         output = task.run(config, ctx)
-        result.metrics, result.data = output.metrics, output.data
+        result.metrics, result.data = {**output.metrics, **ctx.final_metrics()}, output.data
         ctx.final({"task": spec.task, "variant": spec.variant, "preset": spec.preset, "seed": spec.seed,
                    **{f"override.{k}": v for k, v in spec.overrides.items()}}, result.metrics)
         wall = time.perf_counter() - start

@@ -313,6 +313,11 @@ class RunContext:
             telemetry = {**telemetry, "max_logit": logit}
         return bad_rank, loss, telemetry
 
+    def final_metrics(self) -> dict[str, float]:
+        """The run's last attention telemetry summary as ``final_<name>`` metrics (``final_max_logit``, ...), which
+        the runner adds to every run's metrics: a task does not report them itself."""
+        return {f"final_{k}": v for k, v in self.telemetry_last.items()}
+
     def final(self, hparams: dict, metrics: dict[str, float]) -> None:
         """Record the finished run's settings (task, variant, preset, seed, overrides) and final metrics with the
         trackers (TensorBoard's HParams dashboard), from the main worker."""

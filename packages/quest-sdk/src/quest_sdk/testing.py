@@ -33,7 +33,8 @@ def straight_and_resumed(run: Callable, cfg, folder: Path, variant: str = "quest
                          checkpoint_every: int = 4, crash_step: int = 6) -> tuple[dict, dict, int]:
     """``run(cfg, ctx)`` straight through in ``folder/straight``; then in ``folder/resumed`` stopped at
     ``crash_step`` (a ``SimulatedCrash``, after the checkpoint of the last multiple of ``checkpoint_every``) and
-    started again. Returns (straight metrics, resumed metrics, the step the second attempt resumed from)."""
+    started again. Returns (straight metrics, resumed metrics, the step the second attempt resumed from); the metrics
+    include the ``final_*`` telemetry the runner adds (``RunContext.final_metrics``)."""
 
     def attempt(out: Path, context: type = RunContext, **kwargs):
         random.seed(seed)  # the global generators, as quest_bench.runner seeds them before every run
@@ -41,7 +42,7 @@ def straight_and_resumed(run: Callable, cfg, folder: Path, variant: str = "quest
         torch.manual_seed(seed)
         ctx = context(out, variant, seed, progress=False, checkpoint_every=checkpoint_every, **kwargs)
         try:
-            return run(cfg, ctx).metrics, ctx.resumed_from_step
+            return {**run(cfg, ctx).metrics, **ctx.final_metrics()}, ctx.resumed_from_step  # as the runner records
         finally:
             ctx.close()
 

@@ -81,7 +81,6 @@ def run(cfg: Det3dConfig, ctx) -> TaskOutput:
                     nds[name].append(scores["NDS"])
                     bar.update(1)
         metrics.update(corruption_summary(nds, score="nds"))
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": f"{cfg.dataset} ({version})", "revision": data_revision(cfg, root)},
                       samples_seen=steps * cfg.batch_size)
 

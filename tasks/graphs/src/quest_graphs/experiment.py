@@ -54,7 +54,7 @@ def run(cfg: GraphsConfig, ctx) -> TaskOutput:
         metrics |= {"test_rocauc": roc_auc(test_out, targets(test_set)),
                     "val_rocauc": roc_auc(val_out, targets(val_set))}
     metrics |= robustness(model, cfg, data, test_set, scale, ctx.seed, device)
-    metrics |= selected | {f"final_{k}": v for k, v in ctx.telemetry_last.items()}
+    metrics |= selected
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
                       samples_seen=steps * cfg.batch_size)
 

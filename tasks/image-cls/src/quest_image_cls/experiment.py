@@ -55,7 +55,6 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
                                         cfg.autoattack, ctx.device, seed=ctx.seed))
     attention_figure(model, x_test, y_test, cfg.figure_images, Path(ctx.out_dir) / "attention.png",
                      title=f"{ctx.variant}: CLS attention, last block", device=device)
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)
 
 

@@ -34,7 +34,6 @@ def run(cfg: LmConfig, ctx) -> TaskOutput:
         metrics["corrupted_ppl"] = math.exp(sum(math.log(metrics[f"corrupted_ppl/sub{r:g}"]) for r in rates) / len(rates))
     # stable: no divergence (else there is no result), no loss spike, and better than the unigram baseline
     metrics["stable"] = float(spikes == 0 and metrics["valid_ppl"] < metrics["valid_unigram_ppl"])
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": corpus.name, "revision": f"sha256:{corpus.digest}"},
                       samples_seen=cfg.steps * cfg.batch_size)
 

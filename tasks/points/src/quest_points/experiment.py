@@ -39,7 +39,6 @@ def run(cfg: PointsConfig, ctx) -> TaskOutput:
                .float().mean().item() for s in SEVERITIES]
         for i, name in enumerate(CORRUPTIONS)
     }))
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
                       samples_seen=steps * cfg.batch_size)
 

@@ -35,7 +35,6 @@ def run(cfg: SegmentationConfig, ctx) -> TaskOutput:
     if cfg.figure_images:
         prediction_figure(runner, cfg.figure_images, Path(ctx.out_dir) / "predictions.png",
                           f"{ctx.variant}: validation predictions (mIoU {metrics['miou']:.3f})")
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     samples = mm_cfg.train_cfg.max_iters * mm_cfg.train_dataloader.batch_size
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)
 

@@ -43,7 +43,6 @@ def run_speech_commands(cfg: KeywordConfig, ctx) -> TaskOutput:
     if cfg.perturb_samples:
         metrics.update(robustness(test_set, cfg.perturb_samples, ctx.seed,
                                   lambda utts: keyword_accuracy(model, utts, device), score="acc"))
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": _revision(cfg, train_set)},
                       samples_seen=steps * cfg.batch_size)
 
@@ -77,7 +76,6 @@ def run_asr(cfg: AsrConfig, ctx) -> TaskOutput:
     if cfg.perturb_samples:
         metrics.update(robustness(test_set, cfg.perturb_samples, ctx.seed,
                                   lambda utts: 1 - error_rates(model, utts, device)[0], score="char_acc"))
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": _revision(cfg, train_set)},
                       samples_seen=steps * cfg.batch_size)
 

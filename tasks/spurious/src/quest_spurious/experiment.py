@@ -38,7 +38,6 @@ def run(cfg: SpuriousConfig, ctx) -> TaskOutput:
         return F.cross_entropy(net(x_k, x_v), label)
 
     trainer.fit(batches, loss_fn)
-    tel_final = ctx.telemetry_last
 
     unbiased_acc = accuracy(model, unbiased)
     floor = data.uniform_accuracy(unbiased[1], unbiased[2])
@@ -56,7 +55,6 @@ def run(cfg: SpuriousConfig, ctx) -> TaskOutput:
         "uniform_unbiased_acc": floor,
         "success_threshold": threshold,
         **{f"final_{k}": v for k, v in answer_key_norms(model, probe).items()},
-        "final_max_logit": tel_final.get("max_logit", float("nan")),
         "query_norm": model.query.norm().item(),
     }
     return TaskOutput(metrics, data={"name": "spurious-synthetic", "revision": repr(data)},

@@ -37,7 +37,6 @@ def run(cfg: TimeseriesConfig, ctx) -> TaskOutput:
                for s in SEVERITIES]
         for i, name in enumerate(CORRUPTIONS)
     }))
-    metrics.update({f"final_{k}": v for k, v in ctx.telemetry_last.items()})
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
                       samples_seen=steps * cfg.batch_size)
 
