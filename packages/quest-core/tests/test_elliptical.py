@@ -78,10 +78,13 @@ def test_a_linked_model_restarts_its_chain_at_every_forward_and_estimates_from_t
     assert model.layers[0].self_attn.in_proj_weight.grad is not None
 
 
-def test_an_unlinked_elliptical_kernel_says_what_to_do():
+def test_a_kernel_on_its_own_is_its_own_model_and_one_called_outside_a_module_call_says_what_to_do():
     q = rand(1, 2, 3, 4)
-    with pytest.raises(RuntimeError, match=r"call quest_core.link_elliptical\(model\)"):
-        qc.AttentionKernel("elliptical", 2, 4)(q, q, q)
+    kernel = qc.AttentionKernel("elliptical", 2, 4)
+    torch.testing.assert_close(kernel(q, q, q), kernel(q, q, q))  # one layer, restarted at each call: M = I
+    assert torch.equal(kernel._metric, torch.ones(1, 2, 1, 4))
+    with pytest.raises(RuntimeError, match=r"call it as kernel\(q, k, v\) or inside a module's forward"):
+        qc.AttentionKernel("elliptical", 2, 4).forward(q, q, q)
     with pytest.raises(ValueError, match="learnable parameters or state, so it is a module"):
         qc.attention(q, q, q, variant="elliptical-quest")
 
@@ -106,7 +109,6 @@ class TwoCausalLayers(nn.Module):
     def __init__(self, variant):
         super().__init__()
         self.first, self.second = qc.AttentionKernel(variant, 2, 4), qc.AttentionKernel(variant, 2, 4)
-        qc.link_elliptical(self)
 
     def forward(self, x):
         h = self.first(x, x, x, is_causal=True)
@@ -131,3 +133,104 @@ def test_causal_calls_never_see_statistics_of_later_tokens(variant):
     frozen = model.second._causal_metric.clone()
     model(x)
     assert torch.equal(model.second._causal_metric, frozen)  # evaluation does not update the estimate
+
+
+# ---- no wiring: kernels link the model they run in ----------------------------------------------------------------
+
+class Blocks(nn.Module):
+    """quest-core blocks with no elliptical wiring; ``order`` is the order the forward calls them in."""
+
+    def __init__(self, variant="elliptical", depth=3, order=None, checkpointed=False, reentrant=False):
+        super().__init__()
+        self.blocks = nn.ModuleList(qc.TransformerBlock(16, 2, variant) for _ in range(depth))
+        self.order = order or list(range(depth))
+        self.checkpointed, self.reentrant = checkpointed, reentrant
+
+    def forward(self, x_bld):
+        for i in self.order:
+            if self.checkpointed:
+                x_bld = torch.utils.checkpoint.checkpoint(self.blocks[i], x_bld, use_reentrant=self.reentrant)
+            else:
+                x_bld = self.blocks[i](x_bld)
+        return x_bld
+
+
+def kernels(model):
+    return [m for m in model.modules() if isinstance(m, qc.AttentionKernel)]
+
+
+def seeded(make):
+    torch.manual_seed(0)
+    return make()
+
+
+def test_a_model_needs_no_wiring_and_its_chain_restarts_at_every_forward():
+    model, linked = seeded(Blocks).eval(), seeded(Blocks).eval()
+    qc.link_elliptical(linked)  # the explicit way gives the same numbers
+    x = rand(2, 5, 16, seed=3)
+    first = model(x)
+    assert all(k.metric_chain is model._quest_metric_chain for k in kernels(model))  # one chain, on the model
+    torch.testing.assert_close(model(x), first)  # the second forward starts the chain again
+    torch.testing.assert_close(linked(x), first)
+    metrics = [k._metric for k in kernels(model)]
+    assert torch.equal(metrics[0], torch.ones(2, 2, 1, 8))
+    assert all(not torch.allclose(m, torch.ones_like(m)) for m in metrics[1:])
+
+
+def test_layer_order_is_call_order():
+    model = seeded(lambda: Blocks(order=[2, 0, 1])).eval()
+    model(rand(2, 5, 16, seed=4))
+    first, second, third = (kernels(model)[i] for i in (2, 0, 1))
+    assert torch.equal(first._metric, torch.ones_like(first._metric))  # called first: M = I
+    chain = qc.MetricChain()
+    values = []
+
+    def grab(module, args, kwargs, out):
+        values.append(args[2])  # the kernel's v
+
+    hooks = [k.register_forward_hook(grab, with_kwargs=True) for k in (first, second, third)]
+    model(rand(2, 5, 16, seed=4))
+    for h in hooks:
+        h.remove()
+    expected = [chain.next_metric(v, 8) for v in values]
+    for kernel, metric in zip((first, second, third), expected):
+        torch.testing.assert_close(kernel._metric, metric)
+
+
+def test_a_lazily_linked_model_pickles_and_deep_copies():
+    import copy
+    import pickle
+
+    model = seeded(lambda: Blocks("elliptical-quest")).eval()
+    x = rand(2, 5, 16, seed=5)
+    expected = model(x)
+    for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model), copy.deepcopy(seeded(
+            lambda: Blocks("elliptical-quest")).eval())):
+        torch.testing.assert_close(clone(x), expected)
+        assert {id(k.metric_chain) for k in kernels(clone)} == {id(clone._quest_metric_chain)}
+        assert clone._quest_metric_chain is not model._quest_metric_chain
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("variant", ["elliptical", "elliptical-quest"])
+def test_activation_checkpointing_recomputes_with_the_original_metric(variant, reentrant):
+    """The recomputed forward of each block replays its metric: the gradients equal those without checkpointing."""
+    plain = seeded(lambda: Blocks(variant)).train()
+    ckpt = seeded(lambda: Blocks(variant, checkpointed=True, reentrant=reentrant)).train()
+    x = rand(2, 5, 16, seed=6).requires_grad_()
+    grads = []
+    for model in (plain, ckpt):
+        model.zero_grad()
+        out = model(x)
+        (out * rand(*out.shape, seed=7)).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        assert any(not torch.allclose(k._metric, torch.ones_like(k._metric)) for k in kernels(model))
+    for g_plain, g_ckpt in zip(*grads):
+        torch.testing.assert_close(g_ckpt, g_plain)
+
+
+def test_a_kernel_called_twice_per_forward_is_not_recomputed_silently():
+    model = seeded(lambda: Blocks(order=[0, 1, 0], checkpointed=True)).train()
+    out = model(rand(2, 5, 16, seed=8))
+    with pytest.raises(RuntimeError, match="called 2 times in the model's latest forward"):
+        out.sum().backward()

@@ -9,7 +9,8 @@ fused ``F.scaled_dot_product_attention`` call with an explicit scale.
 - ``register_variant(Variant(...))``: add a variant (one declaration; see ``quest_core.variants``).
 - ``MultiheadAttention``: drop-in for ``torch.nn.MultiheadAttention``; ``SelfAttention`` and ``TransformerBlock`` (pre-norm attention + MLP): blocks for new models.
 - ``swap_attention(model, variant)``: in-place surgery of third-party models; ``timm_attn_layer(variant)``.
-- ``link_elliptical(model)``: the inter-layer state of the elliptical variants, for models built directly.
+- ``link_elliptical(model)``: the inter-layer state of the elliptical variants (kernels link the model they run in
+  at their first call; this picks the model explicitly).
 - ``Telemetry``: opt-in per-layer query/key norms, max logit and attention entropy.
 - ``saved_bytes(fn)``, ``peak_bytes(fn)``: memory kept for backward and the allocator's peak (``quest_core.memory``).
 """

@@ -15,8 +15,17 @@ layers: m_d ∝ mean over tokens of |v^ℓ_d − v^{ℓ−1}_d|. What the paper 
   (the metric lives on the q·k coordinates and is read off the values, so the two must match), has no estimate:
   it uses M = I (plain dot product; for ``elliptical-quest``, QUEST).
 - **Gradients**: the estimate is a statistic of the forward pass, detached (no gradient flows through M).
-- **Consecutive** means consecutive in call order within one forward of the model: ``link_elliptical(model)`` puts
-  every kernel of the model on one ``MetricChain`` and restarts it at each forward of ``model``.
+- **Consecutive** means consecutive in call order within one forward of the model. No wiring is needed: at its
+  first call, an elliptical kernel links the model it runs in (the outermost module whose forward is running, e.g.
+  the whole network, or a DDP wrapper around it) with ``link_elliptical``, which puts every elliptical kernel of
+  that model on one ``MetricChain`` and restarts it at each forward of the model. ``swap_attention`` links at once;
+  call ``link_elliptical(model)`` yourself only to choose another module as the model (e.g. after a block's kernel
+  was first called on its own).
+- **Activation checkpointing** (``torch.utils.checkpoint``, reentrant or not): a forward recomputed in backward
+  uses the metric its original forward used (each kernel keeps the metrics of the model's latest forward), so
+  the gradients equal those without checkpointing. Backward must follow the forward it differentiates before the
+  model's next forward (as in any training loop); a kernel called more than once per forward cannot tell which of
+  its calls is recomputed and raises an error instead.
 - **Causal attention** (``is_causal=True``): an average over all tokens would let each token see a statistic of the
   tokens after it, so a causal call uses the estimate of that layer's previous *training* call, averaged over its
   batch (M = I before the first), like BatchNorm's running statistics, and evaluation uses the last training estimate: nothing of a
@@ -29,6 +38,8 @@ Both are implemented as q̂ = s ⊙ q, k̂ = s ⊙ k (then normalised for the QU
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -40,9 +51,11 @@ class MetricChain:
 
     def __init__(self):
         self.previous_v: torch.Tensor | None = None
+        self.generation = 0  # counts the model's forwards: a kernel's recorded metrics belong to one of them
 
     def restart(self) -> None:
         self.previous_v = None
+        self.generation += 1
 
     @torch.no_grad()
     def next_metric(self, v_bhld: torch.Tensor, head_dim: int, visible_bhl1: torch.Tensor | None = None
@@ -81,8 +94,8 @@ def _restart_chain(model: nn.Module, args) -> None:
 
 def link_elliptical(model: nn.Module) -> MetricChain | None:
     """Put every elliptical kernel of ``model`` on one metric chain that restarts at each forward of ``model``
-    (idempotent; returns the chain, or None if the model has no elliptical kernel). ``swap_attention`` calls it;
-    call it yourself on a model built with elliptical variants."""
+    (idempotent; returns the chain, or None if the model has no elliptical kernel). Kernels do this themselves at
+    their first call (``link_running_model``) and ``swap_attention`` calls it; call it to pick the model yourself."""
     from quest_core.kernel import AttentionKernel
 
     kernels = [m for m in model.modules() if isinstance(m, AttentionKernel) and m.spec.uses_metric]
@@ -96,3 +109,36 @@ def link_elliptical(model: nn.Module) -> MetricChain | None:
     for kernel in kernels:
         kernel.metric_chain = chain
     return chain
+
+
+def running_model(kernel: nn.Module) -> nn.Module | None:
+    """The outermost module whose forward is running in this thread and which contains ``kernel`` (the kernel itself
+    when it is called on its own); None when ``kernel`` is not being called through ``nn.Module.__call__``."""
+    code = nn.Module._call_impl.__code__
+    frame, outermost = sys._getframe(1), None
+    while frame is not None:
+        if frame.f_code is code:
+            module = frame.f_locals.get("self")
+            if module is kernel or (isinstance(module, nn.Module) and any(m is kernel for m in module.modules())):
+                outermost = module
+        frame = frame.f_back
+    return outermost
+
+
+@torch.compiler.disable
+def link_running_model(kernel: nn.Module) -> MetricChain:
+    """Link the model ``kernel`` is running in (``running_model``) and return the kernel's chain: what an elliptical
+    kernel does at its first call, so that models need no wiring."""
+    model = running_model(kernel)
+    if model is None:
+        raise RuntimeError("an elliptical kernel finds the model it belongs to from the module calls running it: call "
+                           "it as kernel(q, k, v) or inside a module's forward, or call "
+                           "quest_core.link_elliptical(model) first")
+    link_elliptical(model)
+    return kernel.metric_chain
+
+
+def in_recomputation() -> bool:
+    """Whether this forward runs inside a backward pass: the recomputation of activation checkpointing (never while
+    torch.compile traces)."""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quest_core.elliptical import MetricChain, visible_keys
+from quest_core.elliptical import MetricChain, in_recomputation, link_running_model, visible_keys
 from quest_core.functional import RecomputeSaved, attention_probs, check_inputs, sdpa, transform_qk
 from quest_core.telemetry import LayerStats, attention_stats
 from quest_core.variants import get_variant
@@ -49,7 +49,9 @@ class AttentionKernel(nn.Module):
             setattr(self, p.name, nn.Parameter(torch.full(shapes[p.shape], value, device=device, dtype=dtype)))
         self._param_init = {name: p.detach().clone() for name, p in self.named_parameters(recurse=False)}
         self.register_load_state_dict_pre_hook(_fill_missing_params)
-        self.metric_chain: MetricChain | None = None  # elliptical variants: set by quest_core.link_elliptical
+        self.metric_chain: MetricChain | None = None  # elliptical variants: linked at the first call (link_elliptical)
+        self._recorded: list[torch.Tensor] = []  # the metrics of this kernel's calls in the model's latest forward
+        self._recorded_generation = -1  # ... and which forward of the chain that was
         self._metric: torch.Tensor | None = None  # the metric of the latest call (elliptical variants)
         self._causal_metric: torch.Tensor | None = None  # causal calls: the estimate of this layer's last training call
 
@@ -73,19 +75,38 @@ class AttentionKernel(nn.Module):
         """
         if not self.spec.uses_metric:
             return
-        if self.metric_chain is None:
-            raise RuntimeError(f"variant {self.variant!r} needs the previous layer's values: call "
-                               "quest_core.link_elliptical(model) once on the model (swap_attention does)")
-        if not causal:
-            self._metric = self.metric_chain.next_metric(v, self.head_dim, visible_keys(attn_mask))
+        if in_recomputation():  # activation checkpointing: replay the original forward's metric
+            self._metric = self._replayed_metric(v)
             return
-        estimate = self.metric_chain.next_metric(v, self.head_dim)
-        estimate = estimate.flatten(0, -4).mean(0) if estimate.dim() > 3 else estimate  # one for every sequence
-        if self._causal_metric is None or self._causal_metric.shape != estimate.shape:
-            self._causal_metric = torch.ones_like(estimate)
-        self._metric = self._causal_metric
-        if self.training:
-            self._causal_metric = estimate
+        chain = self.metric_chain or link_running_model(self)
+        generation = getattr(chain, "generation", None)  # a stand-in chain (a fixed metric in tests): each call alone
+        if generation is None or self._recorded_generation != generation:
+            self._recorded, self._recorded_generation = [], generation
+        if not causal:
+            self._metric = chain.next_metric(v, self.head_dim, visible_keys(attn_mask))
+        else:
+            estimate = chain.next_metric(v, self.head_dim)
+            estimate = estimate.flatten(0, -4).mean(0) if estimate.dim() > 3 else estimate  # one for every sequence
+            if self._causal_metric is None or self._causal_metric.shape != estimate.shape:
+                self._causal_metric = torch.ones_like(estimate)
+            self._metric = self._causal_metric
+            if self.training:
+                self._causal_metric = estimate
+        self._recorded.append(self._metric)
+
+    def _replayed_metric(self, v: torch.Tensor) -> torch.Tensor:
+        """The metric this kernel used in the forward being recomputed (see quest_core.elliptical)."""
+        if len(self._recorded) != 1:
+            raise RuntimeError(
+                f"an elliptical kernel ({self.variant!r}) is recomputed under activation checkpointing, but it was "
+                f"called {len(self._recorded)} times in the model's latest forward, so the metric to replay is "
+                "ambiguous; checkpoint only modules whose elliptical kernels run once per forward")
+        metric = self._recorded[0]
+        if metric.shape[:-2] not in (v.shape[:-2], v.shape[-3:-2]):
+            raise RuntimeError(
+                f"an elliptical kernel's recomputation has values of shape {tuple(v.shape)}, but the model's latest "
+                f"forward used a metric of shape {tuple(metric.shape)}: call backward before the next forward")
+        return metric
 
     def transform(self, q: torch.Tensor, k: torch.Tensor, saved: RecomputeSaved | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch import nn
 
-from quest_core import SelfAttention, link_elliptical
+from quest_core import SelfAttention
 from quest_det3d.boxes import CODE_SIZE, Grid
 
 warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")  # stable in practice since torch 2.0
@@ -135,7 +135,6 @@ class Detector(nn.Module):
         self.up4, self.fuse4 = upsample(dim, 2 * width), conv_bn(4 * width, 2 * width)
         self.up2, self.fuse2 = upsample(2 * width, width), conv_bn(2 * width, width)
         self.head = CenterHead(width, num_classes)
-        link_elliptical(self)  # elliptical variants: the metric chain over the attention layers
 
     def forward(self, clouds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x2 = self.down2(self.pillars(clouds))

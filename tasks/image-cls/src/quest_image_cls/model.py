@@ -29,7 +29,6 @@ def build_vit(variant: str, img_size: int, patch_size: int, in_chans: int, num_c
         depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, drop_path_rate=drop_path,
         attn_layer=quest_core.timm_attn_layer(variant),
     )
-    quest_core.link_elliptical(vit)  # elliptical variants: the metric chain over the blocks
     return vit
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quest_core import TransformerBlock, link_elliptical
+from quest_core import TransformerBlock
 
 
 class GPT(nn.Module):
@@ -42,7 +42,6 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * depth))
-        link_elliptical(self)  # elliptical variants: the metric chain over the attention layers
 
     @staticmethod
     def _init(module: nn.Module) -> None:

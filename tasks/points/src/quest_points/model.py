@@ -20,7 +20,7 @@ from torch import nn
 from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import scatter, softmax, to_dense_batch
 
-from quest_core import AttentionKernel, SelfAttention, link_elliptical
+from quest_core import AttentionKernel, SelfAttention
 from quest_points.graph import fps, knn, knn_graph
 
 
@@ -184,5 +184,4 @@ def build_model(name: str, num_classes: int, variant: str, **kwargs) -> nn.Modul
     if name not in models:
         raise ValueError(f"unknown model {name!r}; valid: local, global")
     model = models[name](num_classes, variant, **kwargs)
-    link_elliptical(model)  # elliptical variants: the metric chain over the attention layers
     return model

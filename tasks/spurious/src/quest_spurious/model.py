@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from quest_core import AttentionKernel, link_elliptical
+from quest_core import AttentionKernel
 
 
 class ProbeModel(nn.Module):
@@ -28,7 +28,6 @@ class ProbeModel(nn.Module):
         self.query = nn.Parameter(query / query.norm() * query_init_norm)  # ‖q‖ is QUEST's initial temperature
         self.kernel = AttentionKernel(variant, num_heads=1, head_dim=head_dim)
         self.out = nn.Linear(num_values, num_values)
-        link_elliptical(self)  # elliptical variants: the metric chain over the attention layers
 
     def keys(self, x_k_bnd: torch.Tensor) -> torch.Tensor:
         """Raw (pre-normalisation) keys, (B, N, head_dim)."""

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from quest_core import TransformerBlock, link_elliptical
+from quest_core import TransformerBlock
 
 
 def sinusoidal(pos_bl: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -46,7 +46,6 @@ class SeriesTransformer(nn.Module):
                                     for _ in range(depth))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
-        link_elliptical(self)  # elliptical variants: one metric chain over the blocks, restarted at each forward
 
     def tokens(self, x_btc: torch.Tensor, observed_bt: torch.Tensor, time_bt: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
