@@ -202,9 +202,19 @@ class Task(abc.ABC):
         except FileNotFoundError as err:  # a data module's own finder: its message names the layout
             raise ValueError(f"task {self.name!r}, dataset {dataset!r}: {err}") from None
 
-    @abc.abstractmethod
+    # What runs a config: "module:function", called as function(config, ctx) -> TaskOutput. The module is imported
+    # when a run starts, so that listing or checking tasks loads no torch or task stack.
+    entry_point: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.entry_point:
+            entry_point_parts(cls.entry_point, cls.__name__)
+
     def run(self, config: Any, ctx: "RunContext") -> TaskOutput:
-        """Build data and model from ``config``, train, evaluate; report through ``ctx``."""
+        """Build data and model from ``config``, train, evaluate; report through ``ctx``: the task's ``entry_point``
+        (a task may override ``run`` instead)."""
+        return load_entry_point(self.entry_point, f"task {self.name!r}")(config, ctx)
 
 
 class RunContext:
@@ -329,6 +339,35 @@ class RunContext:
             self._events.close()
         if self._tracker is not None:
             self._tracker.close()
+
+
+def entry_point_parts(text: str, owner: str) -> tuple[str, str]:
+    """The (module, function) of a "module:function" entry point, or a ``ValueError`` naming what is wrong."""
+    module, _, function = text.partition(":")
+    if not (module and function and all(part.isidentifier() for part in module.split("."))
+            and function.isidentifier()):
+        raise ValueError(f"{owner}: entry_point {text!r} is not 'module:function' (e.g. 'quest_lm.experiment:run')")
+    return module, function
+
+
+def load_entry_point(text: str, owner: str):
+    """The function a "module:function" entry point names, imported now; a ``ValueError`` naming the entry point
+    when it is empty, malformed, its module cannot be imported or the module has no such function."""
+    import importlib
+
+    if not text:
+        raise ValueError(f"{owner} declares no entry_point ('module:function') and does not override run")
+    module_name, name = entry_point_parts(text, owner)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name or module_name.startswith(f"{err.name}."):  # the module, not one it imports
+            raise ValueError(f"{owner}: entry_point {text!r}: no module {module_name!r}") from None
+        raise
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"{owner}: entry_point {text!r}: module {module_name!r} has no function {name!r}")
+    return function
 
 
 def fields_choices(config, key: str) -> tuple:

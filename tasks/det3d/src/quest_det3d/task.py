@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import EpochTraining, param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 
 @dataclass
@@ -64,6 +64,7 @@ class Det3dTask(Task):
     higher_is_better = True
     leaderboard_metrics = {"mAP": True, "corrupted_nds": True}
     config_class = Det3dConfig
+    entry_point = "quest_det3d.experiment:run"
     presets = {
         "tiny": {},
         "small": {"sim_samples": 80, "sim_between": 3, "sweeps": 5, "width": 48, "dim": 128, "depth": 4, "epochs": 12},
@@ -96,8 +97,3 @@ class Det3dTask(Task):
         from quest_det3d.data import nuscenes_root
 
         nuscenes_root(root, "v1.0-mini" if cfg.dataset == "nuscenes-mini" else "v1.0-trainval", cfg.sweeps)
-
-    def run(self, cfg: Det3dConfig, ctx) -> TaskOutput:
-        from quest_det3d.experiment import run  # torch and the task's stack load only here
-
-        return run(cfg, ctx)

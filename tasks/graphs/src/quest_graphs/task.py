@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import EpochTraining, param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 CLASSIFICATION_DATASETS = ("solubility", "ogbg-molhiv")  # solubility is shipped; ogbg-molhiv from --data-root
 ROC_AUC_DATASETS = ("ogbg-molhiv",)  # scored (primary metric, model selection) by ROC-AUC instead of accuracy
@@ -87,6 +87,7 @@ class GraphsTask(Task):
     validation_metric = "val_acc"
     leaderboard_metrics = {"test_rocauc": True, "corrupted_acc": True}
     config_class = GraphsConfig
+    entry_point = "quest_graphs.experiment:run"
     presets = {
         "tiny": {},
         "small": {"dim": 96, "depth": 4, "epochs": 100, "dropout": 0.1},
@@ -113,11 +114,6 @@ class GraphsTask(Task):
         from quest_graphs.data import check_root
 
         check_root(cfg.dataset, root)
-
-    def run(self, cfg: GraphsConfig, ctx) -> TaskOutput:
-        from quest_graphs.experiment import run  # torch-geometric and rdkit load only here
-
-        return run(cfg, ctx)
 
 
 class GraphsRegressionTask(GraphsTask):

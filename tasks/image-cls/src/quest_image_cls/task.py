@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import EpochTraining, param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 
 @dataclass
@@ -107,6 +107,7 @@ class ImageClsTask(Task):
     validation_metric = "val_acc"
     leaderboard_metrics = {"corrupted_acc": True, "fgsm_acc": True, "pgd_acc": True}
     config_class = ImageClsConfig
+    entry_point = "quest_image_cls.experiment:run"
     presets = {
         "tiny": {},
         "small": {"embed_dim": 128, "depth": 6, "num_heads": 4, "epochs": 30, "mlp_ratio": 4.0, "drop_path": 0.05},
@@ -126,8 +127,3 @@ class ImageClsTask(Task):
         from quest_image_cls.data import check_root
 
         check_root(cfg.dataset, root)
-
-    def run(self, cfg: ImageClsConfig, ctx) -> TaskOutput:
-        from quest_image_cls.experiment import run  # torch and the task's stack load only here
-
-        return run(cfg, ctx)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import StepTraining, param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 
 @dataclass
@@ -55,6 +55,7 @@ class LmTask(Task):
     higher_is_better = False
     leaderboard_metrics = {"valid_ppl": False, "corrupted_ppl": False, "loss_spikes": False}
     config_class = LmConfig
+    entry_point = "quest_lm.experiment:run"
     presets = {
         "tiny": {},
         "small": {"context": 128, "dim": 256, "depth": 4, "num_heads": 4, "adaptive_cutoffs": "", "steps": 3000,
@@ -87,8 +88,3 @@ class LmTask(Task):
             find_wikitext(str(root), cfg.dataset)
         except FileNotFoundError as err:
             raise ValueError(f"{err}; expected under {root}: {self.data_layout(cfg)}") from None
-
-    def run(self, cfg: LmConfig, ctx) -> TaskOutput:
-        from quest_lm.experiment import run  # torch and the task's stack load only here
-
-        return run(cfg, ctx)

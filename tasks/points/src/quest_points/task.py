@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import EpochTraining, param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 
 @dataclass
@@ -58,6 +58,7 @@ class PointsTask(Task):
     validation_metric = "val_acc"
     leaderboard_metrics = {"mean_class_acc": True, "corrupted_acc": True}
     config_class = PointsConfig
+    entry_point = "quest_points.experiment:run"
     presets = {
         "tiny": {},
         "small": {"global_points": 1024, "local_points": 1024, "k": 16, "groups": 64, "group_size": 32,
@@ -87,8 +88,3 @@ class PointsTask(Task):
         from quest_points.data import check_root
 
         check_root(cfg.dataset, root, cfg.scanobjectnn_split)
-
-    def run(self, cfg: PointsConfig, ctx) -> TaskOutput:
-        from quest_points.experiment import run  # torch and the task's stack load only here
-
-        return run(cfg, ctx)

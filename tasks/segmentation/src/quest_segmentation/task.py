@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 
 @dataclass
@@ -49,6 +49,7 @@ class SegmentationTask(Task):
     higher_is_better = True
     leaderboard_metrics = {"aacc": True, "corrupted_miou": True}
     config_class = SegmentationConfig
+    entry_point = "quest_segmentation.experiment:run"
     single_worker_reason = ("mmengine's Runner here runs without a launcher: it would shard the data by rank but "
                             "never synchronise gradients, so each worker would train its own model")
     presets = {
@@ -88,8 +89,3 @@ class SegmentationTask(Task):
         if cfg.pretrained and not Path(cfg.pretrained).is_absolute() and not (root / cfg.pretrained).is_file():
             raise ValueError(f"pretrained={cfg.pretrained!r}: no file {root / cfg.pretrained} (a relative checkpoint "
                              "is read from --data-root)")
-
-    def run(self, cfg: SegmentationConfig, ctx) -> TaskOutput:
-        from quest_segmentation.experiment import run  # torch and the task's stack load only here
-
-        return run(cfg, ctx)

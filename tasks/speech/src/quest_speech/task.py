@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import TrainingConfig, param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 
 # Conformer-S per layer: two half-step FFNs (ratio 4 each) and the convolution module's 3 dim^2 pointwise weights,
@@ -88,6 +88,7 @@ class SpeechCommandsTask(Task):
     validation_metric = "val_acc"
     leaderboard_metrics = {"corrupted_acc": True, "real_digits_acc": True}
     config_class = KeywordConfig
+    entry_point = "quest_speech.experiment:run_speech_commands"
     presets = {
         "tiny": {},
         "small": {"train_per_word": 200, "test_per_word": 30, "dim": 144, "num_layers": 4, "ffn_dim": 576,
@@ -113,11 +114,6 @@ class SpeechCommandsTask(Task):
             raise ValueError(f"speechcommands: no {', '.join(missing)} in {folder}; expected under {root}: "
                              f"{self.data_layout(cfg)}")
 
-    def run(self, cfg: KeywordConfig, ctx) -> TaskOutput:
-        from quest_speech.experiment import run_speech_commands  # torch and the task's stack load only here
-
-        return run_speech_commands(cfg, ctx)
-
 
 class AsrTask(Task):
     name = "asr"
@@ -128,6 +124,7 @@ class AsrTask(Task):
     validation_metric = "val_cer"
     leaderboard_metrics = {"test_wer": False, "real_cer": False, "corrupted_char_acc": True}
     config_class = AsrConfig
+    entry_point = "quest_speech.experiment:run_asr"
     presets = {
         "tiny": {},
         "small": {"train_sentences": 1900, "test_sentences": 170, "dim": 144, "num_layers": 4, "ffn_dim": 576,
@@ -152,8 +149,3 @@ class AsrTask(Task):
         if missing:
             raise ValueError(f"librispeech: no split folder(s) {', '.join(missing)} in {root / 'LibriSpeech'}; "
                              f"expected under {root}: {self.data_layout(cfg)}")
-
-    def run(self, cfg: AsrConfig, ctx) -> TaskOutput:
-        from quest_speech.experiment import run_asr  # torch and the task's stack load only here
-
-        return run_asr(cfg, ctx)

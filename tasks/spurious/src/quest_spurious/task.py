@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import StepTraining, param
-from quest_sdk.task import Resources, Task, TaskOutput
+from quest_sdk.task import Resources, Task
 
 
 @dataclass
@@ -78,10 +78,6 @@ class SpuriousTask(Task):
     leaderboard_metrics = {"robust_success_75": True, "robust_success_90": True, "robust_fraction": True,
                            "unbiased_acc": True, "biased_acc": True}
     config_class = SpuriousConfig
+    entry_point = "quest_spurious.experiment:run"
     presets = {"tiny": {}, "small": {"steps": 3000}, "paper": {"steps": 6000, "seq_len": 32}}
     resources = {"tiny": Resources(num_cpus=1), "small": Resources(num_cpus=1), "paper": Resources(num_cpus=1)}
-
-    def run(self, cfg: SpuriousConfig, ctx) -> TaskOutput:
-        from quest_spurious.experiment import run  # torch and the task's stack load only here
-
-        return run(cfg, ctx)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quest_sdk.config import EpochTraining, param
-from quest_sdk.task import Resources, Task, TaskOutput, Throughput, transformer_train_flops
+from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 
 @dataclass
@@ -43,6 +43,7 @@ class TimeseriesTask(Task):
     validation_metric = "val_acc"
     leaderboard_metrics = {"mean_class_acc": True, "corrupted_acc": True}
     config_class = TimeseriesConfig
+    entry_point = "quest_timeseries.experiment:run"
     presets = {
         "tiny": {},
         "small": {"dim": 128, "depth": 3, "num_heads": 8, "epochs": 100},
@@ -66,8 +67,3 @@ class TimeseriesTask(Task):
         from quest_timeseries.data import ts_files
 
         ts_files(cfg.dataset, str(root))
-
-    def run(self, cfg: TimeseriesConfig, ctx) -> TaskOutput:
-        from quest_timeseries.experiment import run  # torch and aeon load only here
-
-        return run(cfg, ctx)
