@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from quest_sdk.robustness import check_corruption
+
 SEVERITIES = (1, 2, 3, 4, 5)
 
 
@@ -135,8 +137,5 @@ CORRUPTIONS: dict[str, tuple[str, Callable]] = {
 
 def corrupt(x: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.Tensor:
     """Apply corruption ``name`` at ``severity`` (1..5) to images in [0, 1]; the result is clipped to [0, 1]."""
-    if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; valid: {', '.join(CORRUPTIONS)}")
-    if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity}")
+    check_corruption(name, severity, CORRUPTIONS, SEVERITIES)
     return CORRUPTIONS[name][1](x, severity, seed).clamp(0, 1)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from quest_sdk.robustness import check_corruption
+
 SEVERITIES = (1, 2, 3)
 BEAM_MISSING = (0.3, 0.5, 0.7)
 POINT_DROPOUT = (0.25, 0.5, 0.75)
@@ -96,9 +98,6 @@ CORRUPTIONS = {f.__name__: f for f in (beam_missing, point_dropout, range_noise,
 
 def corrupt(points: np.ndarray, name: str, severity: int, seed: int, forward_xy=(0.0, 1.0)) -> np.ndarray:
     """``points`` (N, 7) with corruption ``name`` at ``severity`` (1-3); the same seed gives the same result."""
-    if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; valid: {', '.join(CORRUPTIONS)}")
-    if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity}")
+    check_corruption(name, severity, CORRUPTIONS, SEVERITIES)
     out = CORRUPTIONS[name](points, severity, np.random.default_rng(seed), np.asarray(forward_xy, float))
     return out.astype(points.dtype, copy=False)

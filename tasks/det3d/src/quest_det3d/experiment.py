@@ -13,11 +13,11 @@ import numpy as np
 import torch
 
 from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
-from quest_sdk.robustness import corruption_summary
+from quest_sdk.robustness import corruption_scores, corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_det3d import data as D
 from quest_det3d.boxes import decode, encode, focal_loss, regression_loss
-from quest_det3d.corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from quest_det3d.corruptions import CORRUPTIONS, corrupt
 from quest_det3d.evaluation import detection_config, evaluate, submission
 from quest_det3d.figures import prediction_figure
 from quest_det3d.model import Detector
@@ -27,13 +27,7 @@ from quest_det3d.task import Det3dConfig
 def run(cfg: Det3dConfig, ctx) -> TaskOutput:
     if cfg.dataset not in DATASETS:
         raise ValueError(f"unknown dataset {cfg.dataset!r}; valid: {', '.join(DATASETS)}")
-    try:
-        severities = [int(s) for s in cfg.severities.split(",") if s.strip()]
-    except ValueError:
-        severities = [-1]
-    if not set(severities) <= set(SEVERITIES):
-        raise ValueError(f"severities must be a comma-separated list of {SEVERITIES} (or empty), "
-                         f"got {cfg.severities!r}")
+    severities = [int(s) for s in cfg.severities.split(",") if s.strip()]  # checked by the config's declared range
     torch.manual_seed(ctx.seed)
     device = torch.device(ctx.device)
     version, classes = DATASETS[cfg.dataset]
@@ -70,16 +64,16 @@ def run(cfg: Det3dConfig, ctx) -> TaskOutput:
         prediction_figure(val_set, detections, classes, cfg.extent, Path(ctx.out_dir) / "predictions.png",
                           f"det3d {ctx.variant} seed {ctx.seed}: {val_split}", count=cfg.figure_samples)
     if severities:
-        nds = {name: [] for name in CORRUPTIONS}
         with tempfile.TemporaryDirectory() as tmp, ctx.bar(len(CORRUPTIONS) * len(severities), "det3d: corrupted") as bar:
-            for i, name in enumerate(CORRUPTIONS):
-                for s in severities:
-                    corrupted = corrupt_set(val_set, name, s, seed=ctx.seed * 1000 + 10 * i + s)
-                    detections = predict(model, corrupted, cfg, device)
-                    scores = evaluate(nusc, val_split, submission(corrupted, detections, classes), eval_cfg,
-                                      Path(tmp) / f"{name}-{s}")
-                    nds[name].append(scores["NDS"])
-                    bar.update(1)
+
+            def corrupted_nds(name: str, severity: int, seed: int) -> float:
+                corrupted = corrupt_set(val_set, name, severity, seed)
+                detections = predict(model, corrupted, cfg, device)
+                bar.update(1)
+                return evaluate(nusc, val_split, submission(corrupted, detections, classes), eval_cfg,
+                                Path(tmp) / f"{name}-{severity}")["NDS"]
+
+            nds = corruption_scores(dict.fromkeys(CORRUPTIONS, severities), corrupted_nds, ctx.seed)
         metrics.update(corruption_summary(nds, score="nds"))
     return TaskOutput(metrics, data={"name": f"{cfg.dataset} ({version})", "revision": data_revision(cfg, root)},
                       samples_seen=steps * cfg.batch_size)

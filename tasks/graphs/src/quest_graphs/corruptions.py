@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch_geometric.data import Data
 
+from quest_sdk.robustness import check_corruption
+
 SEVERITIES = (1, 2, 3, 4, 5)
 FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5)
 CORRUPTIONS = ("edge_drop", "feature_noise", "added_edges")
@@ -48,10 +50,7 @@ class Vocabulary:
 
 def corrupt(graphs: list[Data], name: str, severity: int, vocab: Vocabulary, seed: int = 0) -> list[Data]:
     """Corrupted copies of ``graphs`` (without ``pe``)."""
-    if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; valid: {', '.join(CORRUPTIONS)}")
-    if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+    check_corruption(name, severity, CORRUPTIONS, SEVERITIES)
     gen = torch.Generator().manual_seed(seed)
     p = FRACTIONS[severity - 1]
     return [_FUNCTIONS[name](_without_pe(g), p, vocab, gen) for g in graphs]

@@ -25,7 +25,7 @@ from quest_graphs.model import GraphGPS
 from quest_graphs.task import GraphsConfig
 from quest_sdk.data import stratified_subset
 from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
-from quest_sdk.robustness import corruption_summary
+from quest_sdk.robustness import corruption_scores, corruption_summary
 from quest_sdk.task import TaskOutput
 
 
@@ -201,14 +201,14 @@ def robustness(model: GraphGPS, cfg: GraphsConfig, data: MoleculeGraphs, test_se
         keep = stratified_subset(y, cfg.corruption_samples, seed)
     graphs, y = [test_set[i] for i in keep.tolist()], y[keep]
     vocab = Vocabulary.of(data.train)
-    scores = {}
-    for i, name in enumerate(CORRUPTIONS):
-        per_severity = []
-        for s in SEVERITIES:
-            corrupted = with_random_walk_pe(corrupt(graphs, name, s, vocab, seed=seed * 1000 + i), cfg.walk_length)
-            out = scale.undo(predict(model, corrupted, device))
-            per_severity.append(mean_absolute_error(out, y) if data.is_regression else accuracy(out, y))
-        scores[name] = per_severity
+
+    def score(name: str, severity: int, corruption_seed: int) -> float:
+        corrupted = with_random_walk_pe(corrupt(graphs, name, severity, vocab, seed=corruption_seed), cfg.walk_length)
+        out = scale.undo(predict(model, corrupted, device))
+        return mean_absolute_error(out, y) if data.is_regression else accuracy(out, y)
+
+    scores = corruption_scores(dict.fromkeys(CORRUPTIONS, SEVERITIES), score, seed,
+                               seed_of=lambda run_seed, i, _: run_seed * 1000 + i)  # one per corruption: nested
     if not data.is_regression:
         return corruption_summary(scores)
     every = [v for values in scores.values() for v in values]

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from quest_sdk.data import require_data_root, stratified_subset, validation_split
 from quest_sdk.engine import Trainer, TrainSpec, rank_shard, reduce_sums, steps_per_epoch
-from quest_sdk.robustness import corruption_summary
+from quest_sdk.robustness import corruption_scores, corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_image_cls import data as D
 from quest_image_cls.attacks import adversarial_accuracy
@@ -241,11 +241,11 @@ def imagenet_c_metrics(model, cfg: ImageClsConfig, root: Path, class_to_idx: dic
     """The same metrics as corruption_metrics, on the real ImageNet-C folders (``corruption_samples`` each), plus
     ``mce_alexnet`` (the published mCE, in percent) over ImageNet-C's standard corruptions that are present."""
     transform = D.eval_transform("imagenet", cfg.img_size)
-    accuracies = {
-        name: [loader_accuracy(model, spread_subset(D.imagenet_c(root, name, s, class_to_idx, transform),
-                                                    cfg.corruption_samples), cfg, device, ctx=ctx) for s in SEVERITIES]
-        for name in D.imagenet_c_corruptions(root)
-    }
+    accuracies = corruption_scores(
+        dict.fromkeys(D.imagenet_c_corruptions(root), SEVERITIES),
+        lambda name, s, _: loader_accuracy(model, spread_subset(D.imagenet_c(root, name, s, class_to_idx, transform),
+                                                                cfg.corruption_samples), cfg, device, ctx=ctx),
+        seed=0)  # the published images: nothing drawn
     standard = {name: 1 - sum(a) / len(a) for name, a in accuracies.items() if name in D.ALEXNET_IMAGENET_C_ERROR}
     return corruption_summary(accuracies) | ({"mce_alexnet": alexnet_mce(standard)} if standard else {})
 
@@ -260,7 +260,6 @@ def corruption_metrics(model, cfg: ImageClsConfig, x: torch.Tensor, y: torch.Ten
     images (seeded)."""
     keep = stratified_subset(y, cfg.corruption_samples, seed=seed)
     x, y = x[keep], y[keep]
-    return corruption_summary({
-        name: [accuracy(model, corrupt(x, name, s, seed=seed * 1000 + 10 * i + s), y, device) for s in SEVERITIES]
-        for i, name in enumerate(CORRUPTIONS)
-    })
+    return corruption_summary(corruption_scores(
+        dict.fromkeys(CORRUPTIONS, SEVERITIES),
+        lambda name, s, corruption_seed: accuracy(model, corrupt(x, name, s, seed=corruption_seed), y, device), seed))

@@ -21,16 +21,15 @@ import math
 
 import torch
 
+from quest_sdk.robustness import check_corruption
+
 SEVERITIES = (1, 2, 3, 4, 5)
 CORRUPTIONS = ("jitter", "scale", "rotate", "dropout_global", "dropout_local", "add_global", "add_local")
 
 
 def corrupt(x_bn3: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.Tensor:
     """A corrupted copy of a batch of clouds."""
-    if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; valid: {', '.join(CORRUPTIONS)}")
-    if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+    check_corruption(name, severity, CORRUPTIONS, SEVERITIES)
     gen = torch.Generator().manual_seed(seed)
     x = x_bn3.float().cpu()
     return _FUNCTIONS[name](x, severity - 1, gen).to(x_bn3.device, x_bn3.dtype)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from quest_sdk.data import stratified_subset, validation_split
 from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
-from quest_sdk.robustness import corruption_summary
+from quest_sdk.robustness import corruption_scores, corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_points.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_points.data import load
@@ -34,11 +34,10 @@ def run(cfg: PointsConfig, ctx) -> TaskOutput:
         metrics["val_acc"] = (predict(model, val_x, device) == data.train_y[val]).float().mean().item()
     keep = stratified_subset(data.test_y, cfg.corruption_samples, seed=ctx.seed)  # every class, not the first ones
     x_c, y_c = test_x[keep], data.test_y[keep]
-    metrics.update(corruption_summary({
-        name: [(predict(model, corrupt(x_c, name, s, seed=ctx.seed * 1000 + 10 * i + s), device) == y_c)
-               .float().mean().item() for s in SEVERITIES]
-        for i, name in enumerate(CORRUPTIONS)
-    }))
+    metrics.update(corruption_summary(corruption_scores(
+        dict.fromkeys(CORRUPTIONS, SEVERITIES),
+        lambda name, s, seed: (predict(model, corrupt(x_c, name, s, seed=seed), device) == y_c).float().mean().item(),
+        ctx.seed)))
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
                       samples_seen=steps * cfg.batch_size)
 

@@ -9,7 +9,7 @@ import torchaudio.functional as AF
 
 from quest_sdk.data import require_data_root
 from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
-from quest_sdk.robustness import corruption_summary
+from quest_sdk.robustness import corruption_scores, corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_speech import data as D
 from quest_speech.model import CtcModel, KeywordModel, SpeechEncoder, greedy_ctc
@@ -169,14 +169,15 @@ def robustness(test_set: D.Utterances, samples: int, seed: int, score_fn, score:
     """``score_fn`` on ``samples`` test utterances (spread evenly over the set) under every perturbation level
     (``quest_sdk.robustness``'s corruption vocabulary: per-family mean, error summed over levels for mCE, overall mean)."""
     base = test_set.subset(samples)
-    scores = {}
-    for f, (family, levels) in enumerate(PERTURBATIONS.items()):
-        scores[family] = []
-        for level in levels:
-            audio = []
-            for i, x in enumerate(base.audio):
-                others = ([base.audio[(i + k * len(base) // 5) % len(base)] for k in (1, 2, 3, 4)]
-                          if family == "babble" else ())  # four utterances from elsewhere in the set
-                audio.append(perturb(x, family, level, seed=seed * 100_000 + f * 1000 + i, others=others))
-            scores[family].append(score_fn(D.Utterances(audio, base.targets, base.speakers)))
+
+    def perturbed_score(family: str, level: float, family_seed: int) -> float:
+        audio = []
+        for i, x in enumerate(base.audio):
+            others = ([base.audio[(i + k * len(base) // 5) % len(base)] for k in (1, 2, 3, 4)]
+                      if family == "babble" else ())  # four utterances from elsewhere in the set
+            audio.append(perturb(x, family, level, seed=family_seed + i, others=others))
+        return score_fn(D.Utterances(audio, base.targets, base.speakers))
+
+    scores = corruption_scores(PERTURBATIONS, perturbed_score, seed,
+                               seed_of=lambda run_seed, f, _: run_seed * 100_000 + f * 1000)  # + the utterance
     return corruption_summary(scores, score=score)

@@ -22,6 +22,8 @@ import math
 import numpy as np
 import torch
 
+from quest_sdk.robustness import check_corruption
+
 SEVERITIES = (1, 2, 3, 4, 5)
 CORRUPTIONS = ("gaussian_noise", "missing", "time_warp", "scaling")
 
@@ -35,10 +37,7 @@ SCALE_LIMIT = (1.5, 2.0, 3.0, 4.0, 6.0)
 def corrupt(x_ntc: torch.Tensor, observed_nt: torch.Tensor, name: str, severity: int, seed: int = 0
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """A corrupted copy of a batch: (values, observed steps)."""
-    if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; valid: {', '.join(CORRUPTIONS)}")
-    if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+    check_corruption(name, severity, CORRUPTIONS, SEVERITIES)
     gen = torch.Generator().manual_seed(seed)
     x, observed = x_ntc.float().cpu().clone(), observed_nt.cpu().clone()
     x, observed = _FUNCTIONS[name](x, observed, severity - 1, gen)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from quest_sdk.data import stratified_subset
 from quest_sdk.engine import Trainer, TrainSpec, steps_per_epoch
-from quest_sdk.robustness import corruption_summary
+from quest_sdk.robustness import corruption_scores, corruption_summary
 from quest_sdk.task import TaskOutput
 from quest_timeseries.corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_timeseries.data import Series, load
@@ -31,12 +31,11 @@ def run(cfg: TimeseriesConfig, ctx) -> TaskOutput:
                "mean_class_acc": mean_class_accuracy(pred, data.test.y, num_classes),
                "majority_acc": accuracy(torch.full_like(data.test.y, majority), data.test.y)}
     test = data.test.subset(stratified_subset(data.test.y, cfg.corruption_samples, seed=ctx.seed))
-    metrics.update(corruption_summary({
-        name: [accuracy(predict(model, Series(*corrupt(test.x, test.observed, name, s,
-                                                       seed=ctx.seed * 1000 + 10 * i + s), test.y), device), test.y)
-               for s in SEVERITIES]
-        for i, name in enumerate(CORRUPTIONS)
-    }))
+    metrics.update(corruption_summary(corruption_scores(
+        dict.fromkeys(CORRUPTIONS, SEVERITIES),
+        lambda name, s, seed: accuracy(predict(model, Series(*corrupt(test.x, test.observed, name, s, seed=seed),
+                                                             test.y), device), test.y),
+        ctx.seed)))
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data.revision},
                       samples_seen=steps * cfg.batch_size)
 
