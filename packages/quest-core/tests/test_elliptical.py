@@ -78,13 +78,13 @@ def test_a_linked_model_restarts_its_chain_at_every_forward_and_estimates_from_t
     assert model.layers[0].self_attn.in_proj_weight.grad is not None
 
 
-def test_a_kernel_on_its_own_is_its_own_model_and_one_called_outside_a_module_call_says_what_to_do():
-    q = rand(1, 2, 3, 4)
-    kernel = qc.AttentionKernel("elliptical", 2, 4)
-    torch.testing.assert_close(kernel(q, q, q), kernel(q, q, q))  # one layer, restarted at each call: M = I
-    assert torch.equal(kernel._metric, torch.ones(1, 2, 1, 4))
-    with pytest.raises(RuntimeError, match=r"call it as kernel\(q, k, v\) or inside a module's forward"):
-        qc.AttentionKernel("elliptical", 2, 4).forward(q, q, q)
+def test_a_kernel_on_its_own_is_its_own_model():
+    q, k = rand(1, 2, 3, 4), rand(1, 2, 3, 4, seed=1)
+    for call in (lambda kernel: kernel(q, k, q), lambda kernel: kernel.forward(q, k, q)):
+        kernel = qc.AttentionKernel("elliptical", 2, 4)
+        torch.testing.assert_close(call(kernel), call(kernel))  # one layer, restarted at each call: M = I
+        assert kernel.metric_chain is kernel._quest_metric_chain
+        assert torch.equal(kernel._metric, torch.ones(1, 2, 1, 4))
     with pytest.raises(ValueError, match="learnable parameters or state, so it is a module"):
         qc.attention(q, q, q, variant="elliptical-quest")
 
@@ -234,3 +234,23 @@ def test_a_kernel_called_twice_per_forward_is_not_recomputed_silently():
     out = model(rand(2, 5, 16, seed=8))
     with pytest.raises(RuntimeError, match="called 2 times in the model's latest forward"):
         out.sum().backward()
+
+
+class WithLogits(Blocks):
+    def logits(self, x_bld):
+        """A pass through another method than forward (as an LM's ``logits``)."""
+        for block in self.blocks:
+            x_bld = block(x_bld)
+        return x_bld.sum(-1)
+
+
+def test_a_pass_through_another_method_chains_the_whole_model_and_restarts():
+    model = seeded(WithLogits).eval()
+    x = rand(2, 5, 16, seed=9)
+    first = model.logits(x)  # the first call of all: the model is found from its running method
+    assert {id(k.metric_chain) for k in kernels(model)} == {id(model._quest_metric_chain)}
+    torch.testing.assert_close(model.logits(x), first)  # a new pass: restarted
+    torch.testing.assert_close(model(x).sum(-1), first)  # forward gives the same
+    torch.testing.assert_close(model.logits(x), first)  # and a pass after a forward too
+    metrics = [k._metric for k in kernels(model)]
+    assert all(not torch.allclose(m, torch.ones_like(m)) for m in metrics[1:])

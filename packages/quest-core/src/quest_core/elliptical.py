@@ -15,12 +15,14 @@ layers: m_d ∝ mean over tokens of |v^ℓ_d − v^{ℓ−1}_d|. What the paper 
   (the metric lives on the q·k coordinates and is read off the values, so the two must match), has no estimate:
   it uses M = I (plain dot product; for ``elliptical-quest``, QUEST).
 - **Gradients**: the estimate is a statistic of the forward pass, detached (no gradient flows through M).
-- **Consecutive** means consecutive in call order within one forward of the model. No wiring is needed: at its
-  first call, an elliptical kernel links the model it runs in (the outermost module whose forward is running, e.g.
+- **Consecutive** means consecutive in call order within one pass through the model. No wiring is needed: at its
+  first call, an elliptical kernel links the model it runs in (the outermost module with a method running, e.g.
   the whole network, or a DDP wrapper around it) with ``link_elliptical``, which puts every elliptical kernel of
-  that model on one ``MetricChain`` and restarts it at each forward of the model. ``swap_attention`` links at once;
-  call ``link_elliptical(model)`` yourself only to choose another module as the model (e.g. after a block's kernel
-  was first called on its own).
+  that model on one ``MetricChain`` and restarts it at each forward of the model. A pass through another method
+  (``model.logits(x)``) restarts it when a kernel already called in the pass is called again, so a model that
+  calls one kernel twice per pass (shared weights) must enter through ``forward``. ``swap_attention`` links at
+  once; call ``link_elliptical(model)`` yourself only to choose another module as the model (e.g. after a block's
+  kernel was first called on its own).
 - **Activation checkpointing** (``torch.utils.checkpoint``, reentrant or not): a forward recomputed in backward
   uses the metric its original forward used (each kernel keeps the metrics of the model's latest forward), so
   the gradients equal those without checkpointing. Backward must follow the forward it differentiates before the
@@ -51,11 +53,31 @@ class MetricChain:
 
     def __init__(self):
         self.previous_v: torch.Tensor | None = None
-        self.generation = 0  # counts the model's forwards: a kernel's recorded metrics belong to one of them
+        self.generation = 0  # counts the model's passes: a kernel's recorded metrics belong to one of them
+        self.called: set[int] = set()  # the kernels (ids) called in the current pass
+        self.in_forward = False  # while the model's forward runs (its hooks restart the chain)
+        self.linking_frame = None  # the model's forward call during which it was linked (its hooks did not run)
 
     def restart(self) -> None:
         self.previous_v = None
         self.generation += 1
+        self.called = set()
+
+    def enter(self, kernel: nn.Module) -> None:
+        """A kernel's call begins. Outside the model's forward (a pass through another method of the model, e.g.
+        ``model.logits(x)``), a kernel called again starts a new pass."""
+        if self.linking_frame is not None and not on_stack(self.linking_frame):  # that first forward has ended
+            self.linking_frame, self.in_forward = None, False
+        if not self.in_forward and id(kernel) in self.called:
+            self.restart()
+        self.called.add(id(kernel))
+
+    def __getstate__(self) -> dict:
+        return {"generation": self.generation}  # a copy starts between passes (and holds no frame)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self.generation = state.get("generation", 0)
 
     @torch.no_grad()
     def next_metric(self, v_bhld: torch.Tensor, head_dim: int, visible_bhl1: torch.Tensor | None = None
@@ -89,7 +111,24 @@ def visible_keys(attn_mask: torch.Tensor | None) -> torch.Tensor | None:
 def _restart_chain(model: nn.Module, args) -> None:
     """Forward pre-hook of a linked model (a module-level function, so that the model still pickles and deep-copies:
     the hook finds the chain on the model it runs for)."""
-    model._quest_metric_chain.restart()
+    chain = model._quest_metric_chain
+    chain.restart()
+    chain.in_forward, chain.linking_frame = True, None
+
+
+def _end_forward(model: nn.Module, args, output) -> None:
+    """Forward hook of a linked model (always called, also when the forward raises)."""
+    model._quest_metric_chain.in_forward = False
+
+
+def on_stack(frame) -> bool:
+    """Whether ``frame`` is running in this thread (is on its call stack)."""
+    current = sys._getframe(1)
+    while current is not None:
+        if current is frame:
+            return True
+        current = current.f_back
+    return False
 
 
 def link_elliptical(model: nn.Module) -> MetricChain | None:
@@ -106,18 +145,18 @@ def link_elliptical(model: nn.Module) -> MetricChain | None:
         chain = MetricChain()
         model._quest_metric_chain = chain
         model.register_forward_pre_hook(_restart_chain)
+        model.register_forward_hook(_end_forward, always_call=True)
     for kernel in kernels:
         kernel.metric_chain = chain
     return chain
 
 
 def running_model(kernel: nn.Module) -> nn.Module | None:
-    """The outermost module whose forward is running in this thread and which contains ``kernel`` (the kernel itself
-    when it is called on its own); None when ``kernel`` is not being called through ``nn.Module.__call__``."""
-    code = nn.Module._call_impl.__code__
+    """The outermost module running in this thread (its forward, or another method such as ``model.logits``) that
+    contains ``kernel``: the kernel itself when it is called on its own; None when no module method is running."""
     frame, outermost = sys._getframe(1), None
     while frame is not None:
-        if frame.f_code is code:
+        if "self" in frame.f_code.co_varnames[:1]:
             module = frame.f_locals.get("self")
             if module is kernel or (isinstance(module, nn.Module) and any(m is kernel for m in module.modules())):
                 outermost = module
@@ -127,15 +166,18 @@ def running_model(kernel: nn.Module) -> nn.Module | None:
 
 @torch.compiler.disable
 def link_running_model(kernel: nn.Module) -> MetricChain:
-    """Link the model ``kernel`` is running in (``running_model``) and return the kernel's chain: what an elliptical
-    kernel does at its first call, so that models need no wiring."""
-    model = running_model(kernel)
-    if model is None:
-        raise RuntimeError("an elliptical kernel finds the model it belongs to from the module calls running it: call "
-                           "it as kernel(q, k, v) or inside a module's forward, or call "
-                           "quest_core.link_elliptical(model) first")
-    link_elliptical(model)
-    return kernel.metric_chain
+    """Link the model ``kernel`` is running in (``running_model``; the kernel itself when called on its own) and
+    return the kernel's chain: what an elliptical kernel does at its first call, so that models need no wiring."""
+    model = running_model(kernel) or kernel
+    fresh = getattr(model, "_quest_metric_chain", None) is None
+    chain = link_elliptical(model)
+    call = nn.Module._call_impl.__code__
+    frame = sys._getframe(1)
+    while fresh and frame is not None:  # linked inside the model's forward: its hooks start with the next one
+        if frame.f_code is call and frame.f_locals.get("self") is model:
+            chain.in_forward, chain.linking_frame = True, frame
+        frame = frame.f_back
+    return chain
 
 
 def in_recomputation() -> bool:

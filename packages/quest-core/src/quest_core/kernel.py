@@ -79,6 +79,8 @@ class AttentionKernel(nn.Module):
             self._metric = self._replayed_metric(v)
             return
         chain = self.metric_chain or link_running_model(self)
+        if isinstance(chain, MetricChain):  # (a stand-in chain in tests gives a fixed metric)
+            chain.enter(self)
         generation = getattr(chain, "generation", None)  # a stand-in chain (a fixed metric in tests): each call alone
         if generation is None or self._recorded_generation != generation:
             self._recorded, self._recorded_generation = [], generation
