@@ -61,3 +61,11 @@ def test_the_git_sha_is_the_project_folders(tmp_path, monkeypatch):
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
     sha = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     assert git_state() == {"git_sha": sha, "git_dirty": False}
+
+
+def test_ray_train_workers_get_the_project_folder(tmp_path, monkeypatch):
+    from quest_bench.distributed import _worker_env
+
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert _worker_env()[ROOT_ENV] == str(tmp_path)  # a worker elsewhere still reads this project's git sha

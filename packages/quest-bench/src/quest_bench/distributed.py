@@ -117,6 +117,9 @@ def execute_distributed(spec: RunSpec, out_dir: Path, workers: int, device: str 
 
 
 def _worker_env() -> dict[str, str]:
-    """The fault-injection variables of the tests reach the Ray Train workers too."""
-    return {k: os.environ[k] for k in ("QUEST_BENCH_FAULTS", "QUEST_BENCH_TRACKING", "TQDM_DISABLE")
-            if k in os.environ}
+    """The fault-injection variables of the tests reach the Ray Train workers too, and so does the project folder
+    (``quest_bench.paths``: each worker records its git sha)."""
+    from quest_bench.paths import ROOT_ENV, project_root
+
+    return {**{k: os.environ[k] for k in ("QUEST_BENCH_FAULTS", "QUEST_BENCH_TRACKING", "TQDM_DISABLE")
+               if k in os.environ}, ROOT_ENV: str(project_root())}
