@@ -57,11 +57,15 @@ def test_the_variant_page_registers_checks_trains_and_compares_its_variant(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert "quest-gain matches the float64 reference" in lines
-    runs = sorted(tuple(line.split()[:3]) for line in lines if re.match(r"quest(-gain)? \d+ ", line))
-    assert runs == [("quest", "0", "ok"), ("quest", "1", "ok"), ("quest-gain", "0", "ok"), ("quest-gain", "1", "ok")]
-    board = (tmp_path / "results" / "quest-gain-vs-quest" / "leaderboard" / "README.md").read_text()
-    for variant in ("quest", "quest-gain"):  # both variants, each with its n
-        assert re.search(rf"^\| {variant} \| 2 \|", board, re.M), board
+    runs = sorted(tuple(line.split()[:3]) for line in lines if re.match(r"(softmax|quest-gain) \d+ ", line))
+    assert runs == [("quest-gain", "0", "ok"), ("quest-gain", "1", "ok"), ("softmax", "0", "ok"), ("softmax", "1", "ok")]
+    board = (tmp_path / "results" / "quest-gain-vs-softmax" / "leaderboard" / "README.md").read_text()
+    header = next(line for line in board.splitlines() if line.startswith("| variant |"))
+    delta = [c.strip() for c in header.strip("|").split("|")].index("Δ vs softmax")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in board.splitlines() if re.match(r"\| (softmax|quest-gain) \|", line)}
+    assert rows["softmax"][1] == rows["quest-gain"][1] == "2"  # both variants, each with its n
+    assert "(n=2;" in rows["quest-gain"][delta] and "McNemar p=" in rows["quest-gain"][delta]  # paired by seed
 
 
 def install(project: Path, pyproject: Path) -> list[str]:
