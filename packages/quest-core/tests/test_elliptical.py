@@ -140,18 +140,19 @@ def test_causal_calls_never_see_statistics_of_later_tokens(variant):
 class Blocks(nn.Module):
     """quest-core blocks with no elliptical wiring; ``order`` is the order the forward calls them in."""
 
-    def __init__(self, variant="elliptical", depth=3, order=None, checkpointed=False, reentrant=False):
+    def __init__(self, variant="elliptical", depth=3, order=None, checkpointed=False, reentrant=False, causal=False):
         super().__init__()
         self.blocks = nn.ModuleList(qc.TransformerBlock(16, 2, variant) for _ in range(depth))
         self.order = order or list(range(depth))
-        self.checkpointed, self.reentrant = checkpointed, reentrant
+        self.checkpointed, self.reentrant, self.causal = checkpointed, reentrant, causal
 
     def forward(self, x_bld):
         for i in self.order:
             if self.checkpointed:
-                x_bld = torch.utils.checkpoint.checkpoint(self.blocks[i], x_bld, use_reentrant=self.reentrant)
+                x_bld = torch.utils.checkpoint.checkpoint(self.blocks[i], x_bld, None, self.causal,
+                                                          use_reentrant=self.reentrant)
             else:
-                x_bld = self.blocks[i](x_bld)
+                x_bld = self.blocks[i](x_bld, None, self.causal)
         return x_bld
 
 
@@ -211,15 +212,19 @@ def test_a_lazily_linked_model_pickles_and_deep_copies():
         assert clone._quest_metric_chain is not model._quest_metric_chain
 
 
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("variant", ["elliptical", "elliptical-quest"])
-def test_activation_checkpointing_recomputes_with_the_original_metric(variant, reentrant):
-    """The recomputed forward of each block replays its metric: the gradients equal those without checkpointing."""
-    plain = seeded(lambda: Blocks(variant)).train()
-    ckpt = seeded(lambda: Blocks(variant, checkpointed=True, reentrant=reentrant)).train()
+def test_activation_checkpointing_recomputes_with_the_original_metric(variant, reentrant, causal):
+    """The recomputed forward of each block replays its metric: the gradients equal those without checkpointing
+    (causal calls: the estimate of the previous training call, which the recomputation must not replace)."""
+    plain = seeded(lambda: Blocks(variant, causal=causal)).train()
+    ckpt = seeded(lambda: Blocks(variant, checkpointed=True, reentrant=reentrant, causal=causal)).train()
     x = rand(2, 5, 16, seed=6).requires_grad_()
     grads = []
     for model in (plain, ckpt):
+        if causal:  # a first training call leaves each layer an estimate for the next
+            model(rand(2, 5, 16, seed=10))
         model.zero_grad()
         out = model(x)
         (out * rand(*out.shape, seed=7)).sum().backward()
@@ -227,6 +232,9 @@ def test_activation_checkpointing_recomputes_with_the_original_metric(variant, r
         assert any(not torch.allclose(k._metric, torch.ones_like(k._metric)) for k in kernels(model))
     for g_plain, g_ckpt in zip(*grads):
         torch.testing.assert_close(g_ckpt, g_plain)
+    if causal:  # the estimate left for the next call is the original forward's, not the recomputation's
+        for k_plain, k_ckpt in zip(kernels(plain), kernels(ckpt)):
+            torch.testing.assert_close(k_ckpt._causal_metric, k_plain._causal_metric)
 
 
 def test_a_kernel_called_twice_per_forward_is_not_recomputed_silently():
