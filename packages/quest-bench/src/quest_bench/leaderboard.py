@@ -17,8 +17,6 @@ the rate.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import os
@@ -33,9 +31,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from quest_bench import meta, profiles, tuning  # noqa: E402
+from quest_bench import conventions, meta, profiles, tuning  # noqa: E402
+from quest_bench.report_tables import (CSP, FIGURE, LINK, SAFE_TARGET, Num, Page, Table, Text,  # noqa: E402,F401
+                                       clean, html_page, inline, link_target, md, md_code, safe_link, write_data)
 from quest_bench.result import RunResult  # noqa: E402
 from quest_sdk.robustness import CORRUPTION_ERROR  # noqa: E402
+from quest_sdk.task import Task  # noqa: E402
 from quest_bench.stats import (format_p, holm, mcnemar_exact, mean_std, mean_win_rate,  # noqa: E402
                                min_pairs_for_significance, paired_difference, t_interval, wilson_interval)
 from quest_bench.runs import ADHOC, RunSet, suite_runs  # noqa: E402
@@ -43,62 +44,18 @@ from quest_bench.spec import slug  # noqa: E402
 from quest_bench.store import Store, is_finished, unusable_reason  # noqa: E402
 
 BASELINE = "softmax"
-LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")  # Markdown links, for the HTML page
-MARGIN_AXIS, STABLE = "lr", "stable"
-CURVE_KEYS = ("loss", "max_logit", "entropy_mean", "k_norm_max", "q_norm_max", "biased_answer_key_norm")
 PALETTE = ("#7f7f7f", "#d9622b", "#3b6fb6", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#1f77b4", "#ff9896", "#98df8a")  # softmax grey, quest orange, then one colour per registered variant
 
-
-# ---- untrusted text -----------------------------------------------------------------------------------------
-# Every value read from a run (task, variant, overrides, metric names, environment, file names) is data: it enters
-# the Markdown only through md() or md_code(), which leave no Markdown or HTML syntax in it, and the HTML page is
-# built by to_html, which links only to relative paths (after normalisation) and embeds only the figures this module
-# generated.
-
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ue000]")  # line breaks, escapes; \ue000: to_html's marker
-MD_SPECIAL = re.compile(r"([\\`*\[\]<>&|!#~])")
-MD_ESCAPED = re.compile(r"\\([\\`*\[\]<>&|!#~])")
-MAX_TEXT = 200  # characters of one untrusted value shown (the data files keep it whole)
-SAFE_TARGET = re.compile(r"[A-Za-z0-9._-][A-Za-z0-9._/-]*")  # relative paths only: no scheme, host or query
-FIGURE = re.compile(r"!\[([^\]]*)\]\(([A-Za-z0-9._-]+\.png)\)")  # a generated figure, alone on its line
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"  # no script, no file or network loads
-
-
-def clean(value, limit: int = MAX_TEXT) -> str:
-    """Untrusted text on one line: control characters (newlines included) become spaces, at most ``limit``
-    characters."""
-    text = CONTROL.sub(" ", str(value))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def md(value, limit: int = MAX_TEXT) -> str:
-    """Untrusted text as Markdown that renders as exactly that text (no link, image, markup, HTML or entity)."""
-    return MD_SPECIAL.sub(r"\\\1", clean(value, limit))
-
-
-def md_code(value, limit: int = MAX_TEXT) -> str:
-    """Untrusted text inside a Markdown `code span` (where backslashes are literal): no backtick can end it, no
-    pipe can split a table cell."""
-    return clean(value, limit).replace("`", "'").replace("|", "\\|")
+# Untrusted text: every value read from a run (task, variant, overrides, metric names, environment, file names) is
+# data. It enters prose only through md() or md_code() and tables only as a cell (quest_bench.report_tables), which
+# leave no Markdown or HTML syntax in it; the HTML page links only to relative paths (after normalisation) and
+# embeds only the figures this module generated.
 
 
 def plot_text(value) -> str:
     """Untrusted text for a matplotlib label (no mathtext)."""
     return clean(value).replace("$", r"\$")
-
-
-def split_row(line: str) -> list[str]:
-    """The cells of a Markdown table row, split at unescaped pipes."""
-    body = line.strip()
-    body = body[1:] if body.startswith("|") else body
-    body = body[:-1] if body.endswith("|") and not body.endswith("\\|") else body
-    return [c.strip() for c in re.split(r"(?<!\\)\|", body)]
-
-
-def unescape_md(text: str) -> str:
-    """The plain text of a table cell (for CSV/JSON): backslash escapes and code-span backticks removed."""
-    return MD_ESCAPED.sub(r"\1", text.replace("`", ""))
 
 
 def variant_color(variant: str) -> str:
@@ -135,9 +92,9 @@ class TaskBoard:
     def __init__(self, task: str, preset: str, runs: list[RunResult], config: str = ""):
         self.task, self.preset, self.runs = task, preset, runs
         self.config = config  # the overrides every run shares, when a board groups by config (ad-hoc runs)
-        first = runs[0]
-        self.primary, self.higher = first.primary_metric, first.higher_is_better
-        self.directions = {self.primary: self.higher, **(first.metric_directions or {})}
+        self.conventions = conventions.of_runs(self.title, runs)  # declared by the task, stored with each run
+        self.primary, self.higher = self.conventions.primary, self.conventions.higher
+        self.directions = self.conventions.directions
         self.by_variant: dict[str, list[RunResult]] = defaultdict(list)
         for r in runs:
             self.by_variant[r.variant].append(r)
@@ -219,8 +176,9 @@ class TaskBoard:
         return rows
 
     def robustness_metric(self) -> str | None:
-        """The task's robustness metric for the cross-task win rate: its first ``corrupted_*`` metric, if any."""
-        return next((m for m in self.directions if m.startswith("corrupted")), None)
+        """The task's robustness metric for the cross-task win rate (its declared convention), if any."""
+        metric = self.conventions.robustness_metric
+        return metric if metric in self.directions else None
 
     def corruptions(self) -> list[str]:
         names = {m for r in self.runs for m in r.metrics if m.startswith(CORRUPTION_ERROR)}
@@ -240,14 +198,14 @@ class TaskBoard:
                 out[pair_key(r)] = 100 * sum(ratios) / len(ratios)
         return out
 
-    def mce_cells(self, variant: str) -> tuple[str, str]:
+    def mce_cells(self, variant: str) -> tuple[Text, Text]:
         """The mCE column (mean ± std over runs, n) and its paired Δ vs softmax column."""
         values = self.mce(variant)
         mean, std = mean_std(list(values.values()))
-        cell = f"{mean_cell(mean, std, len(values), 1)} (n={len(values)})" if values else "—"
+        cell = Text(f"{mean_cell(mean, std, len(values), 1)} (n={len(values)})" if values else "—")
         if variant == BASELINE:
-            return cell, "—"
-        return cell, delta_text(paired_difference(values, self.mce(BASELINE)), False)  # uncorrected
+            return cell, Text("—")
+        return cell, Text(delta_text(paired_difference(values, self.mce(BASELINE)), False))  # uncorrected
 
     def figure_links(self, run_folders: dict[str, Path], folder: Path) -> list[str]:
         """Markdown links to each variant's per-run figures (first finished run), copied into ``folder/run-figures``
@@ -272,13 +230,25 @@ class TaskBoard:
         return sorted({json.dumps(r.overrides, sort_keys=True) for r in self.runs if r.overrides}, key=order)
 
     def margin_rates(self) -> list[float]:
-        """The swept learning rates, if this board has a stability-margin section (else [])."""
-        rates = sorted({float(r.overrides[MARGIN_AXIS]) for r in self.runs if MARGIN_AXIS in r.overrides})
-        reports = any(STABLE in r.metrics for r in self.runs)
+        """The swept values of the task's stability axis (its declared grid key, e.g. the learning rate), if this
+        board has a stability-margin section: at least 3 numeric values and runs that report the stability metric
+        (else [])."""
+        axis, stable = self.conventions.stability_axis, self.conventions.stability_metric
+        if not axis or not stable:
+            return []
+        rates = sorted({float(r.overrides[axis]) for r in self.runs if isinstance(r.overrides.get(axis), (int, float))
+                        and not isinstance(r.overrides[axis], bool)})
+        reports = any(stable in r.metrics for r in self.runs)
         return rates if len(rates) >= 3 and reports else []
 
     def at_rate(self, variant: str, rate: float) -> list[RunResult]:
-        return [r for r in self.by_variant[variant] if float(r.overrides.get(MARGIN_AXIS, math.nan)) == rate]
+        axis = self.conventions.stability_axis
+        return [r for r in self.by_variant[variant] if isinstance(r.overrides.get(axis), (int, float))
+                and float(r.overrides[axis]) == rate]
+
+    def stable(self, run: RunResult) -> bool:
+        """Whether a run trained stably: finished, with the task's stability metric at 1."""
+        return run.status == "ok" and run.metrics.get(self.conventions.stability_metric) == 1.0
 
     def margin(self, variant: str) -> dict:
         """Largest stable rate (None if even the smallest was not), stable/total runs, and the best mean primary
@@ -287,7 +257,7 @@ class TaskBoard:
         contiguous = True
         for rate in self.margin_rates():
             runs = self.at_rate(variant, rate)
-            stable = [r.status == "ok" and r.metrics.get(STABLE) == 1.0 for r in runs]
+            stable = [self.stable(r) for r in runs]
             stable_runs, total = stable_runs + sum(stable), total + len(runs)
             contiguous = contiguous and bool(runs) and all(stable)
             if contiguous:
@@ -431,9 +401,9 @@ def bar_figure(board: TaskBoard, path: Path) -> None:
     plt.close(fig)
 
 
-def read_events(run_folder: Path) -> list[dict]:
-    """The curve rows of a run's ``events.jsonl``: objects with an integer ``step``, keeping only the curve values
-    that are finite numbers. A file that cannot be read, or rows that are not such objects, get one warning line
+def read_events(run_folder: Path, keys=Task.curve_keys) -> list[dict]:
+    """The curve rows of a run's ``events.jsonl``: objects with an integer ``step``, keeping only the values of the
+    curves ``keys`` (default: the SDK's default curves) that are finite numbers. A file that cannot be read, or rows that are not such objects, get one warning line
     naming the file and are skipped (a truncated last line, from an interrupted run, silently)."""
     path = run_folder / "events.jsonl"
     if not path.exists():
@@ -454,7 +424,7 @@ def read_events(run_folder: Path) -> list[dict]:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             bad += 1
             continue
-        rows.append({"step": step, **{k: float(row[k]) for k in CURVE_KEYS if isinstance(row.get(k), (int, float))
+        rows.append({"step": step, **{k: float(row[k]) for k in keys if isinstance(row.get(k), (int, float))
                                       and not isinstance(row[k], bool) and math.isfinite(row[k])}})
     if bad:
         print(f"warning: {path}: skipped {bad} of {len(lines)} lines that are not JSON objects with an integer "
@@ -464,16 +434,17 @@ def read_events(run_folder: Path) -> list[dict]:
 
 def curve_means(board: TaskBoard, run_folders: dict[str, Path]) -> dict[str, dict[str, dict[int, float]]]:
     """The training curves the figure plots: curve key -> variant -> step -> mean over the variant's runs that
-    logged that step (keys in ``CURVE_KEYS`` order, variants in the board's)."""
+    logged that step (keys in the order of the task's declared curves, variants in the board's)."""
+    keys = board.conventions.curves
     series: dict[str, dict[str, dict[int, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for variant in board.variants:
         for r in board.by_variant[variant]:
-            for row in read_events(run_folders[r.run_id]):
-                for key in CURVE_KEYS:
+            for row in read_events(run_folders[r.run_id], keys):
+                for key in keys:
                     if key in row:
                         series[key][variant][row["step"]].append(row[key])
     return {key: {variant: {step: sum(values) / len(values) for step, values in by_step.items()}
-                  for variant, by_step in series[key].items()} for key in CURVE_KEYS if key in series}
+                  for variant, by_step in series[key].items()} for key in keys if key in series}
 
 
 def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path,
@@ -481,7 +452,7 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path,
     """Training curves averaged over each variant's runs (``means``: ``curve_means`` given, e.g. from a published
     suite, instead of read from the run folders); False if no run logged any."""
     series = curve_means(board, run_folders) if means is None else means
-    keys = [k for k in CURVE_KEYS if k in series]
+    keys = [k for k in board.conventions.curves if k in series]
     if not keys:
         return False
     cols = min(3, len(keys))
@@ -496,7 +467,7 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path,
                     lw=2.0 if variant in ("quest", BASELINE) else 1.0, color=variant_color(variant))
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
-        if key in ("max_logit", "k_norm_max", "q_norm_max", "biased_answer_key_norm", "loss"):
+        if key in board.conventions.log_curves:
             ax.set_yscale("log")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"{plot_text(board.title)}: training curves, mean over runs", fontsize=9)
@@ -523,7 +494,7 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
                 continue
             xs.append(rate)
             ys.append(mean_std(values)[0])
-            unstable.append(not all(r.status == "ok" and r.metrics.get(STABLE) == 1.0 for r in runs))
+            unstable.append(not all(board.stable(r) for r in runs))
         line, = ax.plot(xs, ys, "-", lw=2.0 if variant in ("quest", BASELINE) else 1.0, label=plot_text(variant),
                         color=variant_color(variant))
         for x, y, bad in zip(xs, ys, unstable):
@@ -532,7 +503,7 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
     ax.set_xscale("log")
     if not board.higher:
         ax.set_yscale("log")
-    ax.set_xlabel("peak learning rate")
+    ax.set_xlabel(plot_text(board.conventions.stability_axis))
     ax.set_ylabel(f"{plot_text(board.primary)} ({'↑' if board.higher else '↓'})")
     ax.set_title(f"{plot_text(board.title)}: stability margin (hollow: a seed unstable; x: none finished)", fontsize=8)
     ax.legend(fontsize=7)
@@ -563,68 +534,63 @@ def delta_text(delta: dict | None, binary: bool) -> str:
     return f"{delta['mean']:+.3f} [{delta['ci_low']:+.3f}, {delta['ci_high']:+.3f}] (n={n}; sign-flip {tests}){mark}"
 
 
-def success_cell(b: TaskBoard, variant: str, metric: str) -> str:
+def success_cell(b: TaskBoard, variant: str, metric: str) -> Text:
     """k/n successes of a binary metric; for a variant other than softmax also the exact McNemar p-value against
     softmax on the same pairs (uncorrected)."""
     ours = b.successes(variant, metric)
     text = f"{sum(ours.values())}/{len(ours)}"
     if variant == BASELINE or BASELINE not in b.by_variant:
-        return text
+        return Text(text)
     m = mcnemar_exact(ours, b.successes(BASELINE, metric))
-    return f"{text} (+{m['ours_only']}/−{m['base_only']}, p={m['p']:.2g})" if m["n_pairs"] else text
+    return Text(f"{text} (+{m['ours_only']}/−{m['base_only']}, p={m['p']:.2g})" if m["n_pairs"] else text)
 
 
-def cell_success_table(b: TaskBoard) -> list[str]:
+def cell_success_table(b: TaskBoard) -> list:
     """Per grid cell and variant: successes at every binary metric and the mean of the continuous metric closest in
-    name to the primary (spurious: ``robust_fraction``), each with its paired test against softmax on the cell's
-    seeds."""
+    name to the primary, each with its paired test against softmax on the cell's seeds."""
     binary = [m for m in b.directions if b.is_binary(m)]
     continuous = [m for m in b.directions if not b.is_binary(m)]  # the one closest in name to the primary
     score = max(continuous, key=lambda m: len(os.path.commonprefix([m, b.primary])), default=None)
     seeds = max(len(b.in_cell(cell).by_variant[v]) for cell in b.grid_cells() for v in b.in_cell(cell).variants)
-    lines = [f"By grid cell, paired with `{BASELINE}` on the cell's seeds: successes k/n with (+ours only/−"
-             f"{BASELINE} only, exact McNemar p){', and the mean `' + md_code(score) + '` with its mean paired difference and exact sign-flip p' if score else ''}. "
-             f"p-values are per cell and uncorrected; with {seeds} pairs per cell the smallest exact p is "
-             f"{2 / 2 ** seeds:.3g}" + (", so no single cell can reach p < 0.05: read the cells as a map and the pooled "
-                                      "table above for tests." if 2 / 2 ** seeds >= 0.05 else "."), "",
-             "| cell | variant | " + " | ".join(map(md, binary)) + (f" | {md(score)} (Δ, p)" if score else "") + " |",
-             "|---|---|" + "---|" * (len(binary) + bool(score))]
+    note = (f"By grid cell, paired with `{BASELINE}` on the cell's seeds: successes k/n with (+ours only/−"
+            f"{BASELINE} only, exact McNemar p){', and the mean `' + md_code(score) + '` with its mean paired difference and exact sign-flip p' if score else ''}. "
+            f"p-values are per cell and uncorrected; with {seeds} pairs per cell the smallest exact p is "
+            f"{2 / 2 ** seeds:.3g}" + (", so no single cell can reach p < 0.05: read the cells as a map and the pooled "
+                                     "table above for tests." if 2 / 2 ** seeds >= 0.05 else "."))
+    table = Table([Text("cell"), Text("variant"), *binary, *([Text("{} (Δ, p)", score)] if score else [])])
     for cell in b.grid_cells():
         sub = b.in_cell(cell)
         label = cell_text(json.loads(cell))
         for v in sub.variants:
-            row = [label, md(v), *[success_cell(sub, v, m) for m in binary]]
+            row = [label, v, *[success_cell(sub, v, m) for m in binary]]
             if score:
                 mean = mean_std(list(sub.values(v, score).values()))[0]
                 text = fmt(mean, 2)
                 if v != BASELINE and BASELINE in sub.by_variant:
                     d = paired_difference(sub.values(v, score), sub.values(BASELINE, score))
                     text += f" ({d['mean']:+.2f}, p={d['p']:.2g})" if d["n_pairs"] else ""
-                row.append(text)
-            lines.append("| " + " | ".join(row) + " |")
-    return lines + [""]
+                row.append(meta.number_or_text(mean, text))
+            table.rows.append(row)
+    return [note, "", table, ""]
 
 
 def mean_cell(mean: float, std: float, n: int, digits: int = 3) -> str:
     return fmt(mean, digits) if n < 2 else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
 
 
-def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dict]] | None = None) -> list[str]:
+def mean_value(mean: float, std: float, n: int, digits: int = 3) -> Num | Text:
+    """A mean ± std cell: for n < 2 the one number it is (its data files get the number)."""
+    return Num(mean, fmt(mean, digits)) if n < 2 else Text(mean_cell(mean, std, n, digits))
+
+
+def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dict]] | None = None) -> list:
     """Tasks × variants: each variant's mean paired difference to softmax on the task's primary metric, with its
     Holm-corrected p-value and the number of pairs; * where significant after correction. ``tuned_deltas`` (a tuned
     suite's, by board title): the differences with each variant at its best cell instead of pooled over cells."""
     others = [v for v in variant_order({v for b in boards for v in b.variants}) if v != BASELINE]
     if not others or not any(BASELINE in b.variants for b in boards):
         return []
-    lines = ["## Summary: Δ vs softmax", "",
-             f"Mean paired difference of each task's primary metric to `{BASELINE}` (Δ > 0 is better where higher is "
-             "better), its Holm-corrected p-value and the number of pairs n; — = no pairs. With n ≥ 10 the decision "
-             "rule's t p, Holm-corrected over the page, and * = significant by it (the Verdicts section); with fewer "
-             "pairs the sign-flip p, Holm-corrected per task, and no mark (binary metrics: McNemar, * after Holm). "
-             "The task sections below give the test used and the per-pair values."
-             + (" Tuned suite: each variant at its own best cell (chosen on validation), paired on the seed."
-                if tuned_deltas else ""), "",
-             "| task | primary | " + " | ".join(map(md, others)) + " |", "|---|---|" + "---|" * len(others)]
+    table = Table([Text("task"), Text("primary"), *others])
     rule = meta.decide_page(boards, tuned_deltas or {})  # the decision rule (docs/statistics.md)
     for b in boards:
         deltas = (tuned_deltas or {}).get(b.title) or {r["variant"]: r.get("delta") for r in b.rows()}
@@ -632,21 +598,29 @@ def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dic
         for v in others:
             d = deltas.get(v)
             if not d or not d["n_pairs"]:
-                cells.append("—")
+                cells.append(Text("—"))
                 continue
             decided = rule.get((b.title, v), {})
             if decided.get("verdict", "no verdict") != "no verdict":
-                cells.append(f"{d['mean']:+.3f} (t p {decided['p_holm']:.2g}, n={d['n_pairs']})"
-                             + (" *" if decided["mark"] else ""))
+                cells.append(Text(f"{d['mean']:+.3f} (t p {decided['p_holm']:.2g}, n={d['n_pairs']})"
+                                  + (" *" if decided["mark"] else "")))
                 continue
             mark = " *" if b.binary and d.get("p_holm", math.nan) < 0.05 else ""
-            cells.append(f"{d['mean']:+.3f} (p {d['p_holm']:.2g}, n={d['n_pairs']}){mark}")
-        lines.append(f"| {md(b.title)} | {md(b.primary)} {'↑' if b.higher else '↓'} | " + " | ".join(cells) + " |")
-    return lines + [""]
+            cells.append(Text(f"{d['mean']:+.3f} (p {d['p_holm']:.2g}, n={d['n_pairs']}){mark}"))
+        table.rows.append([b.title, Text("{} " + ("↑" if b.higher else "↓"), b.primary), *cells])
+    return ["## Summary: Δ vs softmax", "",
+            f"Mean paired difference of each task's primary metric to `{BASELINE}` (Δ > 0 is better where higher is "
+            "better), its Holm-corrected p-value and the number of pairs n; — = no pairs. With n ≥ 10 the decision "
+            "rule's t p, Holm-corrected over the page, and * = significant by it (the Verdicts section); with fewer "
+            "pairs the sign-flip p, Holm-corrected per task, and no mark (binary metrics: McNemar, * after Holm). "
+            "The task sections below give the test used and the per-pair values."
+            + (" Tuned suite: each variant at its own best cell (chosen on validation), paired on the seed."
+               if tuned_deltas else ""), "", table, ""]
 
 
 def provenance(boards: list[TaskBoard]) -> list[str]:
-    """Where the numbers come from: code versions, dates, packages, machines and total compute."""
+    """Where the numbers come from: code versions, dates, packages, machines, total compute, and where a board's
+    conventions come from when its runs' records do not hold them."""
     runs = [r for b in boards for r in b.runs]
     shas = sorted({f"{md(str(r.env.get('git_sha') or 'unknown')[:12])}{' (dirty)' if r.env.get('git_dirty') else ''}"
                    for r in runs})
@@ -658,59 +632,39 @@ def provenance(boards: list[TaskBoard]) -> list[str]:
     hosts = sorted({f"{md(r.env.get('host', '?'))} ({md(r.env.get('device', '?'))}, "
                     f"{md(r.env.get('torch_threads', '?'))} threads)" for r in runs})
     hours = sum(r.cost.get("wall_s", 0.0) for r in runs) / 3600
-    return ["## Provenance", "",
-            f"- runs: {len(runs)}, finished {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}",
-            f"- code (git): {', '.join(shas)}",
-            "- packages: " + ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(packages.items())),
-            f"- machines: {', '.join(hosts)}",
-            f"- compute: {hours:.2f} run-hours in all (sum of the runs' wall times)", ""]
+    lines = ["## Provenance", "",
+             f"- runs: {len(runs)}, finished {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}",
+             f"- code (git): {', '.join(shas)}",
+             "- packages: " + ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(packages.items())),
+             f"- machines: {', '.join(hosts)}",
+             f"- compute: {hours:.2f} run-hours in all (sum of the runs' wall times)"]
+    undeclared = [b for b in boards if b.conventions.undeclared]
+    if undeclared:
+        lines.append("- conventions (curves, stability axis and metric, robustness metric): " + "; ".join(
+            f"{md(b.title)}: {b.conventions.undeclared} of {len(b.runs)} runs' records hold none (written before "
+            "results stored them), "
+            f"read with {b.conventions.source}" for b in undeclared))
+    return lines + [""]
 
 
-def as_number(cell: str):
-    """A table cell that is a plain number, as that number (an int if it is one); any other cell as its text."""
-    try:
-        return int(cell)
-    except ValueError:
-        pass
-    try:
-        value = float(cell)
-    except ValueError:
-        return cell
-    return value if math.isfinite(value) else cell
-
-
-def export_tables(md_text: str, folder: Path) -> list[str]:
-    """Every Markdown table of the page as CSV and JSON (a list of row objects) in ``folder``, named by the section
-    it is in; returns the file names."""
-    import csv
-
-    folder.mkdir(parents=True, exist_ok=True)
-    names, section, table = [], "leaderboard", []
-    for line in [*md_text.splitlines(), ""]:
-        if line.startswith("## "):
-            section = unescape_md(line[3:])
-        if line.startswith("|"):
-            cells = [unescape_md(c) for c in split_row(line)]
-            if not set("".join(cells)) <= set("-"):
-                table.append(cells)
-            continue
-        if table:
-            name = f"{len(names) // 2 + 1:02d}-{slug(section)[:60]}"
-            header, rows = table[0], table[1:]
-            with open(folder / f"{name}.csv", "w", newline="") as f:
-                csv.writer(f).writerows(table)
-            (folder / f"{name}.json").write_text(json.dumps([dict(zip(header, map(as_number, r))) for r in rows],
-                                                             indent=1))
-            names += [f"{name}.csv", f"{name}.json"]
-            table = []
-    return names
+def conventions_note(b: TaskBoard) -> list[str]:
+    """A visible note when a board's runs disagree on a convention (``conventions.of_runs``), else nothing."""
+    conflicts = b.conventions.conflicts
+    if not conflicts:
+        return []
+    what = "; ".join(f"`{md_code(k)}`: " + " vs ".join(md(json.dumps(v)) for v in values)
+                     for k, values in conflicts.items())
+    return [f"> **Runs disagree on the task's conventions** (records of different task versions?): {what}. The "
+            "curves figure shows every run's curves (a log axis only where all ask for one); a disputed stability "
+            "axis, stability metric or robustness metric is not used.", ""]
 
 
 def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figures: dict[str, list[str]],
              ignored: int = 0, links: dict[str, list[str]] | None = None,
              robust_wins: dict[str, float] | None = None, tune: tuple[str, ...] = (),
-             folder: Path | None = None, confirm: tuple[int, ...] = ()) -> str:
-    lines = [f"# Leaderboard: {md(suite)}", ""]
+             folder: Path | None = None, confirm: tuple[int, ...] = ()) -> Page:
+    """The leaderboard page as blocks: prose lines and tables (``quest_bench.report_tables.Page``)."""
+    page = Page([f"# Leaderboard: {md(suite)}", ""])
     tuned, scores, at_best = {}, {}, {}
     for b in boards:
         if tune:
@@ -719,98 +673,103 @@ def markdown(suite: str, boards: list[TaskBoard], wins: dict[str, float], figure
             scores[b.title] = {v: b.row(v)["mean"] for v in b.variants}
     few = too_few(boards)
     if few:
-        lines += [f"> **Too few runs for statistics.** {len(few)} cells have fewer than 2 finished runs: "
-                  + "; ".join(few[:12]) + (" …" if len(few) > 12 else "") + ". They show no std, interval or error "
-                  "bar, and no cross-task ranking is computed; run more seeds for a verdict.", ""]
+        page += [f"> **Too few runs for statistics.** {len(few)} cells have fewer than 2 finished runs: "
+                 + "; ".join(few[:12]) + (" …" if len(few) > 12 else "") + ". They show no std, interval or error "
+                 "bar, and no cross-task ranking is computed; run more seeds for a verdict.", ""]
     total = sum(len(b.runs) for b in boards)
     if ignored:
-        lines += [f"{ignored} runs in the results folder are not part of the suite as defined now (another code "
-                  "version or suite definition) and are left out.", ""]
-    lines += [f"{total} runs. n = finished runs per variant (seeds × grid cells); means ± sample std (no std for "
-              f"n < 2). Δ vs `{BASELINE}`: mean paired difference on the same seed and overrides; for n < 5 the "
-              "per-pair differences and an exact sign-flip p-value, for n ≥ 5 also a t 95% interval; binary outcomes "
-              "use an exact McNemar test (* = significant at 0.05 after Holm's correction over the task's variants); "
-              "p-values Holm-corrected over each task's variants (with n pairs the smallest sign-flip p is 2/2^n, "
-              "0.25 at n = 3). Continuous metrics are decided by one rule, in the Summary and Verdicts sections: "
-              "with n ≥ 10 pairs the paired t test, Holm-corrected over the page (docs/statistics.md). Diverged "
-              "and failed runs are counted beside the means and as failures in success rates.", ""]
-    lines += summary_table(boards, at_best)
+        page += [f"{ignored} runs in the results folder are not part of the suite as defined now (another code "
+                 "version or suite definition) and are left out.", ""]
+    page += [f"{total} runs. n = finished runs per variant (seeds × grid cells); means ± sample std (no std for "
+             f"n < 2). Δ vs `{BASELINE}`: mean paired difference on the same seed and overrides; for n < 5 the "
+             "per-pair differences and an exact sign-flip p-value, for n ≥ 5 also a t 95% interval; binary outcomes "
+             "use an exact McNemar test (* = significant at 0.05 after Holm's correction over the task's variants); "
+             "p-values Holm-corrected over each task's variants (with n pairs the smallest sign-flip p is 2/2^n, "
+             "0.25 at n = 3). Continuous metrics are decided by one rule, in the Summary and Verdicts sections: "
+             "with n ≥ 10 pairs the paired t test, Holm-corrected over the page (docs/statistics.md). Diverged "
+             "and failed runs are counted beside the means and as failures in success rates.", ""]
+    page += summary_table(boards, at_best)
     possible, needed, most = win_rate_possible(boards)
     if wins and not few and not possible:
-        lines += ["## Mean win rate across tasks", "",
-                  f"Not computed: with {max(len(b.variants) for b in boards)} variants a win (an exact sign test, "
-                  f"Holm-corrected over every pair of variants) needs at least {needed} paired runs per comparison, "
-                  f"and these boards have at most {most}; every variant would tie at 0.5.", ""]
+        page += ["## Mean win rate across tasks", "",
+                 f"Not computed: with {max(len(b.variants) for b in boards)} variants a win (an exact sign test, "
+                 f"Holm-corrected over every pair of variants) needs at least {needed} paired runs per comparison, "
+                 f"and these boards have at most {most}; every variant would tie at 0.5.", ""]
     if wins and not few and possible:
-        lines += ["## Mean win rate across tasks", "",
-                  "A win is a significantly better result on paired runs (exact sign test per pair of variants, "
-                  "Holm-corrected per metric, diverged or failed runs ranking worst); anything else is a tie (½). "
-                  "Metrics: each task's primary metric" + (", and separately its first `corrupted_*` metric."
-                                                           if robust_wins else ".")
-                  + (" In a tuned suite the pairs are every (seed, grid cell): the win rate is over the whole search"
-                     " (how each variant fares across learning rates), not at each variant's best cell, which the"
-                     " summary above compares." if tune else ""), "",
-                  "| variant | win rate (primary) |" + (" win rate (robustness) |" if robust_wins else ""),
-                  "|---|---|" + ("---|" if robust_wins else "")]
-        lines += [f"| {md(v)} | {fmt(w)} |" + (f" {fmt(robust_wins.get(v, math.nan))} |" if robust_wins else "")
-                  for v, w in sorted(wins.items(), key=lambda kv: -kv[1])] + [""]
+        table = Table([Text("variant"), Text("win rate (primary)"), *([Text("win rate (robustness)")]
+                                                                      if robust_wins else [])])
+        for v, w in sorted(wins.items(), key=lambda kv: -kv[1]):
+            robust = robust_wins.get(v, math.nan) if robust_wins else None
+            table.rows.append([v, Num(w, fmt(w)), *([Num(robust, fmt(robust))] if robust_wins else [])])
+        page += ["## Mean win rate across tasks", "",
+                 "A win is a significantly better result on paired runs (exact sign test per pair of variants, "
+                 "Holm-corrected per metric, diverged or failed runs ranking worst); anything else is a tie (½). "
+                 "Metrics: each task's primary metric" + (", and separately its declared robustness metric."
+                                                          if robust_wins else ".")
+                 + (" In a tuned suite the pairs are every (seed, grid cell): the win rate is over the whole search"
+                    " (how each variant fares across learning rates), not at each variant's best cell, which the"
+                    " summary above compares." if tune else ""), "", table, ""]
     if folder is not None and not few:
-        lines += profile_section(scores, {b.title: b.higher for b in boards}, folder)
-    lines += meta.page_sections(boards, at_best, folder, "stage 2 of tune-then-confirm" if confirm else
-                                "each variant at its best cell" if tune else "pooled over runs", variant_color)
+        page += profile_section(scores, {b.title: b.higher for b in boards}, folder)
+    page += meta.page_sections(boards, at_best, folder, "stage 2 of tune-then-confirm" if confirm else
+                               "each variant at its best cell" if tune else "pooled over runs", variant_color)
     for b in boards:
-        arrow = "higher" if b.higher else "lower"
-        extras = [m for m in b.directions if m != b.primary]
-        lines += [f"## {md(b.title)}", "", f"Primary metric: `{md_code(b.primary)}` ({arrow} is better).", ""]
-        with_mce = bool(b.corruptions()) and BASELINE in b.variants
-        rate = ["success rate [Wilson 95%]"] if b.binary else []
-        header = ["variant", "n", f"{md(b.primary)} mean ± std", *rate, f"Δ vs {BASELINE}", *map(md, extras),
-                  *(["mCE vs softmax (%) ↓", "Δ mCE (paired)"] if with_mce else []), "diverged", "failed"]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for r in b.rows():
-            v = r["variant"]
-            rate_cell = []
-            if b.binary:
-                k, n, (lo, hi) = r["rate"]
-                rate_cell = [f"{k}/{n} [{fmt(lo, 2)}, {fmt(hi, 2)}]"]
-            cells = [md(v), str(r["n"]), mean_cell(r["mean"], r["std"], r["n"]), *rate_cell,
-                     delta_text(r.get("delta"), b.binary),
-                     *[success_cell(b, v, m) if b.is_binary(m) else mean_cell(*r["extra"][m], len(b.values(v, m)))
-                       for m in extras],
-                     *(b.mce_cells(v) if with_mce else []), str(r["diverged"]), str(r["failed"])]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-        lines += tuned.get(b.title, [])
-        cells = b.grid_cells()
-        if len(cells) > 1 and b.binary:
-            lines += cell_success_table(b)
-        elif len(cells) > 1:
-            lines += [f"`{md_code(b.primary)}` by grid cell (mean over the n seeds of each cell):", ""]
-            lines += ["| overrides | " + " | ".join(map(md, b.variants)) + " |", "|---|" + "---|" * len(b.variants)]
-            for cell in cells:
-                row = [cell_text(json.loads(cell))]
-                for v in b.variants:
-                    vals = [r.metrics[b.primary] for r in b.ok(v) if json.dumps(r.overrides, sort_keys=True) == cell]
-                    row.append(f"{fmt(mean_std(vals)[0], 2)} (n={len(vals)})" if vals else "—")
-                lines.append("| " + " | ".join(row) + " |")
-            lines.append("")
-        if b.margin_rates():
-            lines += margin_table(b)
-        if with_mce:
-            lines += [f"mCE: per run and corruption ({', '.join(map(md, b.corruptions()))}), the error summed over its "
-                      f"severities relative to `{BASELINE}`'s mean over runs, averaged over corruptions; 100 = as robust "
-                      f"as `{BASELINE}` on average, and `{BASELINE}`'s own spread shows its seed noise. Δ mCE is paired "
-                      "on the seed (and grid cell), uncorrected.", ""]
-        lines += [f"![{name}]({name})" for name in figures.get(b.title, [])] + [""]
-        if links and links.get(b.title):
-            lines += ["Per-run figures: " + " · ".join(links[b.title]), ""]
-    lines += provenance(boards)
-    return "\n".join(lines)
+        page += task_section(b, tuned.get(b.title, []), figures.get(b.title, []), (links or {}).get(b.title))
+    page += provenance(boards)
+    return page
 
 
-def cell_text(cell: dict) -> str:
-    """A grid cell's overrides as Markdown text (keys and values escaped)."""
-    return ", ".join(f"{md(k)}={md(v)}" for k, v in cell.items())
+def task_section(b: TaskBoard, tuned: list, figures: list[str], links: list[str] | None) -> list:
+    """One board's section: its table, the tuning table, the grid cells, the stability margin, figures."""
+    arrow = "higher" if b.higher else "lower"
+    extras = [m for m in b.directions if m != b.primary]
+    blocks = [f"## {md(b.title)}", "", f"Primary metric: `{md_code(b.primary)}` ({arrow} is better).", "",
+              *conventions_note(b)]
+    with_mce = bool(b.corruptions()) and BASELINE in b.variants
+    rate = [Text("success rate [Wilson 95%]")] if b.binary else []
+    table = Table([Text("variant"), Text("n"), Text("{} mean ± std", b.primary), *rate, Text(f"Δ vs {BASELINE}"),
+                   *extras, *([Text("mCE vs softmax (%) ↓"), Text("Δ mCE (paired)")] if with_mce else []),
+                   Text("diverged"), Text("failed")])
+    for r in b.rows():
+        v = r["variant"]
+        rate_cell = []
+        if b.binary:
+            k, n, (lo, hi) = r["rate"]
+            rate_cell = [Text(f"{k}/{n} [{fmt(lo, 2)}, {fmt(hi, 2)}]")]
+        table.rows.append([v, r["n"], mean_value(r["mean"], r["std"], r["n"]), *rate_cell,
+                           Text(delta_text(r.get("delta"), b.binary)),
+                           *[success_cell(b, v, m) if b.is_binary(m)
+                             else mean_value(*r["extra"][m], len(b.values(v, m))) for m in extras],
+                           *(b.mce_cells(v) if with_mce else []), r["diverged"], r["failed"]])
+    blocks += [table, "", *tuned]
+    cells = b.grid_cells()
+    if len(cells) > 1 and b.binary:
+        blocks += cell_success_table(b)
+    elif len(cells) > 1:
+        grid = Table([Text("overrides"), *b.variants])
+        for cell in cells:
+            row = [cell_text(json.loads(cell))]
+            for v in b.variants:
+                vals = [r.metrics[b.primary] for r in b.ok(v) if json.dumps(r.overrides, sort_keys=True) == cell]
+                row.append(Text(f"{fmt(mean_std(vals)[0], 2)} (n={len(vals)})" if vals else "—"))
+            grid.rows.append(row)
+        blocks += [f"`{md_code(b.primary)}` by grid cell (mean over the n seeds of each cell):", "", grid, ""]
+    if b.margin_rates():
+        blocks += margin_table(b)
+    if with_mce:
+        blocks += [f"mCE: per run and corruption ({', '.join(map(md, b.corruptions()))}), the error summed over its "
+                   f"severities relative to `{BASELINE}`'s mean over runs, averaged over corruptions; 100 = as robust "
+                   f"as `{BASELINE}` on average, and `{BASELINE}`'s own spread shows its seed noise. Δ mCE is paired "
+                   "on the seed (and grid cell), uncorrected.", ""]
+    blocks += [f"![{name}]({name})" for name in figures] + [""]
+    if links:
+        blocks += ["Per-run figures: " + " · ".join(links), ""]
+    return blocks
+
+
+def cell_text(cell: dict) -> Text:
+    """A grid cell's overrides as text (keys and values untrusted)."""
+    return Text(", ".join(["{}={}"] * len(cell)), *(x for kv in cell.items() for x in kv))
 
 
 def searched_values(b: TaskBoard, key: str) -> str:
@@ -843,44 +802,44 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = 
 
     d_default, d_best = deltas(at_default), deltas(reported)
     default_label = md(tuning.Choice(default).label()) if default else "not in the search space"
+    scores = {}
+    table = Table([Text("variant"), Text("at the default: {} (n)", b.primary), Text(f"Δ vs {BASELINE}"),
+                   Text("best cell (by {})", val), Text("{} there", val), Text("{} at the best cell (n)", b.primary),
+                   Text(f"Δ vs {BASELINE}, each at its best"), Text("diverged / failed in the search")])
     lines = [f"**Equal tuning budget** over {space} × the seeds (AlgoPerf-style external tuning): per variant the "
              f"cell with the best mean `{md_code(val)}` over its seeds (every seed finished) is chosen on validation, "
              f"and its test `{md_code(b.primary)}` is reported; the default recipe ({default_label}) beside it. Δ vs `{BASELINE}` is "
              "paired on the seed (each variant at its own cell), Holm-corrected over the variants per column."
              + (f" Tune, then confirm: the cell is chosen on the search's seeds and the best-cell columns report stage 2 "
                 f"only (seeds {', '.join(map(str, confirm))}, fresh); the Verdicts section decides." if confirm else ""),
-             "",
-             f"| variant | at the default: {md(b.primary)} (n) | Δ vs {BASELINE} | best cell (by {md(val)}) | {md(val)} "
-             f"there | {md(b.primary)} at the best cell (n) | Δ vs {BASELINE}, each at its best | diverged / failed in the search |",
-             "|---|---|---|---|---|---|---|---|"]
-    scores = {}
+             "", table]
     for v in b.variants:
         def mean_of(c):
             vals = list(c.by_seed(b.primary).values()) if c else []
-            return mean_cell(*mean_std(vals), len(vals)) + f" ({len(vals)})" if vals else "—"
+            return Text(mean_cell(*mean_std(vals), len(vals)) + f" ({len(vals)})" if vals else "—")
 
         c = chosen[v]
         scores[v] = mean_std(list(reported[v].by_seed(b.primary).values()))[0] if c else math.nan
         runs = [r for r in b.by_variant[v] if r.seed not in confirm]  # the search's (stage 1's) runs
-        lines.append(" | ".join([
-            f"| {md(v)}", mean_of(at_default[v]), delta_text(d_default.get(v), False),
-            cell_label(options[v], c), fmt(c.validation) if c else "—",
-            mean_of(reported[v]), delta_text(d_best.get(v), False),
-            f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)} |"]))
+        table.rows.append([
+            v, mean_of(at_default[v]), Text(delta_text(d_default.get(v), False)), cell_label(options[v], c),
+            Num(c.validation, fmt(c.validation)) if c else Text("—"), mean_of(reported[v]),
+            Text(delta_text(d_best.get(v), False)),
+            Text(f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)}")])
     if any(c and tuning.edge_keys(options[v], c) for v, c in chosen.items()):
         lines += ["", "edge: the best cell lies at the smallest or largest value searched for that key, so the "
                   "optimum may lie outside the search; widen the grid before reading the tuned Δ as final."]
     return lines + [""], scores, d_best
 
 
-def cell_label(options: list[tuning.Choice], choice: tuning.Choice | None) -> str:
+def cell_label(options: list[tuning.Choice], choice: tuning.Choice | None) -> Text:
     if choice is None:
-        return "none (no cell with every seed finished)"
+        return Text("none (no cell with every seed finished)")
     edges = tuning.edge_keys(options, choice)
-    return md(choice.label()) + (f" (edge of {', '.join(map(md, edges))})" if edges else "")
+    return Text("{}" + (" (edge of " + ", ".join(["{}"] * len(edges)) + ")" if edges else ""), choice.label(), *edges)
 
 
-def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, bool], folder: Path) -> list[str]:
+def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, bool], folder: Path) -> list:
     """The performance profile across tasks (quest_bench.profiles): a table of ρ(τ) and its figure."""
     task_ratios, skipped = profiles.ratios(scores, directions)
     if len(task_ratios) < 2:
@@ -895,103 +854,28 @@ def profile_section(scores: dict[str, dict[str, float]], directions: dict[str, b
              "a variant without any on a task counts as never within τ. A profile ranks means and carries no test: "
              "read it with the Δ tables." + (f" Left out (scores not all positive): {', '.join(map(md, skipped))}." if skipped
                                              else ""), "",
-             "| variant | " + " | ".join(f"τ={t:g}" for t in profiles.TAUS) + " |", "|---|" + "---|" * len(profiles.TAUS)]
-    lines += [f"| {md(v)} | " + " | ".join(fmt(x, 2) for x in r) + " |"
-              for v, r in sorted(rho.items(), key=lambda kv: -sum(kv[1]))]
+             Table([Text("variant"), *(Text(f"τ={t:g}") for t in profiles.TAUS)],
+                   [[v, *(Num(x, fmt(x, 2)) for x in r)] for v, r in sorted(rho.items(), key=lambda kv: -sum(kv[1]))])]
     return lines + ["", "![performance-profile.png](performance-profile.png)", ""]
 
 
-def margin_table(b: TaskBoard) -> list[str]:
+def margin_table(b: TaskBoard) -> list:
+    """The stability margin over the task's declared stability axis (``TaskBoard.margin``), with what the task's
+    stability metric means."""
+    conv = b.conventions
     rates = ", ".join(f"{r:g}" for r in b.margin_rates())
-    lines = [f"Stability margin over learning rates {rates}: the largest rate at which every seed, at that rate and "
-             f"all smaller ones, trained stably (`{STABLE}` = 1: no divergence, no loss spike, and, for `lm`, better "
-             f"than the unigram baseline); best `{md_code(b.primary)}` is the best mean over seeds at a rate where every "
-             "seed finished.", "",
-             "| variant | largest stable lr | stable runs | best " + md(b.primary) + " | at lr |", "|---|---|---|---|---|"]
+    note = f", {md(conv.stability_note)}" if conv.stability_note else ""
+    table = Table([Text("variant"), Text("largest stable {}", conv.stability_axis), Text("stable runs"),
+                   Text("best {}", b.primary), Text("at {}", conv.stability_axis)])
     for v in b.variants:
         m = b.margin(v)
-        largest = "none" if m["largest"] is None else f"{m['largest']:g}"
-        lines.append(f"| {md(v)} | {largest} | {m['stable']}/{m['total']} | {fmt(m['best'], 1)} | "
-                     f"{'—' if not math.isfinite(m['best_rate']) else format(m['best_rate'], 'g')} |")
-    return lines + [""]
-
-
-def link_target(target: str) -> str | None:
-    """The target of a Markdown link if it may become a link, else None: after normalising it as a browser does
-    (entities decoded, whitespace and control characters dropped), only a relative path of letters, digits, '.',
-    '_', '-' and '/' (no scheme such as javascript:, no host, no absolute path, no query)."""
-    plain = re.sub(r"[\s\x00-\x1f\x7f]+", "", html.unescape(html.unescape(target)))
-    if not SAFE_TARGET.fullmatch(plain) or "//" in plain:
-        return None
-    return plain
-
-
-def safe_link(match: re.Match) -> str:
-    """An HTML link for a Markdown link whose target passes ``link_target``; any other (javascript:, http:, an
-    absolute path) is shown as plain text. ``match`` is of ``LINK`` on HTML-escaped text."""
-    text, target = match.group(1), match.group(2)
-    plain = link_target(target)
-    if plain is None:
-        return f"{text} ({target})"
-    return f'<a href="{html.escape(plain, quote=True)}">{text}</a>'
-
-
-def inline(text: str) -> str:
-    """One line of Markdown as HTML: escaped, backslash escapes kept literal, `code` spans as <code>, **bold**,
-    relative links as links (``safe_link``)."""
-    literal: list[str] = []
-
-    def keep(m: re.Match) -> str:  # an escaped character: set aside so that no rule below can see it
-        literal.append(m.group(1))
-        return f"\ue000{len(literal) - 1}\ue000"
-
-    text = MD_ESCAPED.sub(keep, CONTROL.sub(" ", text.lstrip("> ")))
-    text = html.escape(text)
-    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
-    text = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)
-    text = LINK.sub(safe_link, text)
-    return re.sub("\ue000(\\d+)\ue000", lambda m: html.escape(literal[int(m.group(1))]), text)
-
-
-def to_html(suite: str, md_text: str, folder: Path, figures: set[str] = frozenset()) -> str:
-    """A self-contained page from the leaderboard's Markdown: tables as HTML, the figures this module wrote (names
-    in ``figures``, files in ``folder``) inlined as base64; any other image line is shown as text and reads
-    nothing. A Content-Security-Policy forbids every script and every load other than those inlined images."""
-    out, in_table = [], False
-    for line in md_text.splitlines():
-        if line.startswith("|"):
-            cells = split_row(line)
-            if set("".join(cells)) <= set("-"):
-                continue
-            tag = "th" if not in_table else "td"
-            if not in_table:
-                out.append("<table>")
-                in_table = True
-            out.append("<tr>" + "".join(f"<{tag}>{inline(c)}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            out.append("</table>")
-            in_table = False
-        figure = FIGURE.fullmatch(line)
-        if figure and figure.group(2) in figures:
-            name = figure.group(2)
-            data = base64.b64encode((folder / name).read_bytes()).decode()
-            out.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
-        elif line.startswith("## "):
-            out.append(f"<h2>{inline(line[3:])}</h2>")
-        elif line.startswith("# "):
-            out.append(f"<h1>{inline(line[2:])}</h1>")
-        elif line:
-            out.append(f"<p>{inline(line)}</p>")
-    if in_table:
-        out.append("</table>")
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-             "table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
-             "th{background:#f3f3f3}img{max-width:100%}code{background:#f3f3f3;padding:0 2px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'>"
-            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">"
-            f"<title>QUEST Bench: {html.escape(clean(suite))}</title>"
-            f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
+        table.rows.append([v, Text("none") if m["largest"] is None else Num(m["largest"], f"{m['largest']:g}"),
+                           Text(f"{m['stable']}/{m['total']}"), Num(m["best"], fmt(m["best"], 1)),
+                           Num(m["best_rate"], "—" if not math.isfinite(m["best_rate"]) else f"{m['best_rate']:g}")])
+    return [f"Stability margin over `{md_code(conv.stability_axis)}` = {rates}: the largest value at which every "
+            f"seed, at that value and all smaller ones, trained stably (`{md_code(conv.stability_metric)}` = 1: no "
+            f"divergence{note}); best `{md_code(b.primary)}` is the best mean over seeds at a value where every seed "
+            "finished.", "", table, ""]
 
 
 def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None = None,
@@ -1041,15 +925,15 @@ def write_leaderboard(runs: RunSet | Store, suite: str, run_ids: set[str] | None
             margin_figure(b, folder / f"{stem}-margin.png")
             figures[b.title].append(f"{stem}-margin.png")
     links = {b.title: b.figure_links(runs.folders, folder) for b in boards}
-    md_text = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True),
-                       tune, folder, confirm)
+    page = markdown(suite, boards, win_rates(boards), figures, ignored, links, win_rates(boards, robustness=True),
+                    tune, folder, confirm)
     shutil.rmtree(folder / "tables", ignore_errors=True)
-    tables = write_numeric(numeric_rows(boards), folder / "tables") + export_tables(md_text, folder / "tables")
-    md_text += ("\n## Tables as data\n\nEvery table above as CSV and JSON: "
-                + " · ".join(f"[{name}](tables/{name})" for name in tables) + "\n")
-    (folder / "README.md").write_text(md_text)
+    tables = write_numeric(numeric_rows(boards), folder / "tables") + write_data(page.tables, folder / "tables", slug)
+    page += ["## Tables as data", "", "Every table above as CSV and JSON: "
+             + " · ".join(f"[{name}](tables/{name})" for name in tables), ""]
+    (folder / "README.md").write_text(page.markdown())
     made = {name for names in figures.values() for name in names} | {"performance-profile.png"}
-    (folder / "index.html").write_text(to_html(suite, md_text, folder, made))
+    (folder / "index.html").write_text(html_page(suite, page, folder, made))
     return folder
 
 

@@ -22,7 +22,7 @@ from scipy import stats as st
 
 BASELINE = "softmax"
 MIN_PAIRS_FOR_EFFECT = 3  # Hedges' correction J = 1 − 3/(4(n − 1) − 1) needs n ≥ 3
-STABILITY_KEY = "lr"
+STABILITY_KEY = "lr"  # the SDK's default stability axis (quest_sdk.task.Task.stability_axis); boards use their own
 
 
 def standardised_effect(diffs: list[float], higher_is_better: bool = True, level: float = 0.95) -> dict:
@@ -155,7 +155,7 @@ def decide_page(boards, deltas: dict[str, dict[str, dict]]) -> dict[tuple[str, s
 
 def verdict_section(comps: dict[tuple[str, str], tuple[list[float], bool]], source: str) -> list[str]:
     """The decision rule (``stats.decide``) over every comparison on the page, as a table."""
-    from quest_bench.leaderboard import md
+    from quest_bench.report_tables import Num, Table, Text
     from quest_bench.stats import ALPHA, MIN_PAIRS_FOR_VERDICT, POWER, decide, format_p
 
     if not comps:
@@ -170,24 +170,38 @@ def verdict_section(comps: dict[tuple[str, str], tuple[list[float], bool]], sour
              f"sign-flip p is a robustness check. MDE: the "
              f"smallest true Δ the t test detects with {POWER:.0%} power at two-sided α = {ALPHA} with these n and "
              f"this spread. Δ > 0 means a larger metric; the verdict says better or worse. See docs/statistics.md.",
-             "", "| task | variant | n | Δ [interval] | t p (Holm) | sign-flip p | MDE | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+             ""]
+    table = Table([Text(c) for c in ("task", "variant", "n", "Δ [interval]", "t p (Holm)", "sign-flip p", "MDE",
+                                     "verdict")])
     for (title, variant), v in out.items():
         interval = f"{v['mean']:+.3g} [{v['ci_low']:+.3g}, {v['ci_high']:+.3g}]" if math.isfinite(v["ci_low"]) \
             else f"{v['mean']:+.3g}"
         holm_p = f" (Holm {v['p_holm']:.2g})" if math.isfinite(v["p_holm"]) else ""
-        lines.append(f"| {md(title)} | {md(variant)} | {v['n']} | {interval} | "
-                     f"{format_p(v['p']).removeprefix('p = ')}{holm_p} | "
-                     f"{format_p(v['p_sign_flip'], v['sign_flip_floor']).replace('p = ', '')} | {v['mde']:.3g} | "
-                     f"{v['words']}{' *' if v['mark'] else ''} |")
-    return lines + [""]
+        table.rows.append([title, variant, v["n"], number_or_text(v["mean"], interval),
+                           number_or_text(v["p"], f"{format_p(v['p']).removeprefix('p = ')}{holm_p}"),
+                           number_or_text(v["p_sign_flip"],
+                                          format_p(v["p_sign_flip"], v["sign_flip_floor"]).replace("p = ", "")),
+                           Num(v["mde"], f"{v['mde']:.3g}"), Text(f"{v['words']}{' *' if v['mark'] else ''}")])
+    return lines + [table, ""]
+
+
+def number_or_text(value: float, text: str):
+    """A cell that shows ``text``: the number ``value`` where the text is just that number rounded (its data files
+    get the number), else the text (an interval, a bound such as "≤ 1e-05", a Holm p beside it)."""
+    from quest_bench.report_tables import Num, Text
+
+    try:
+        float(text)
+    except ValueError:
+        return Text(text)
+    return Num(value, text)
 
 
 def cross_domain_section(comps: dict[tuple[str, str], tuple[list[float], bool]], folder: Path, label: str,
                          stem: str, colors=None) -> list[str]:
     """Per variant, the random-effects estimate of the standardised effect over tasks, a table and a forest plot
     ``<stem>.png`` in ``folder``; nothing when no variant has 2 tasks with an effect."""
-    from quest_bench.leaderboard import md
+    from quest_bench.report_tables import Num, Table, Text
 
     studies: dict[str, list[dict]] = defaultdict(list)
     for (title, variant), (diffs, higher) in comps.items():
@@ -204,39 +218,50 @@ def cross_domain_section(comps: dict[tuple[str, str], tuple[list[float], bool]],
              f"than `{BASELINE}`) with its standard error; combined over tasks by a DerSimonian–Laird random-effects "
              "meta-analysis. τ²: the between-task variance of the true effects; I²: the share of the spread that is "
              "heterogeneity rather than noise. A pooled effect says how large the typical effect is across these "
-             "tasks, not that every task has it.", "",
-             "| variant | tasks | pooled g [95%] | p | τ² | I² | per task: g [95%] |", "|---|---|---|---|---|---|---|"]
+             "tasks, not that every task has it.", ""]
+    table = Table([Text(c) for c in ("variant", "tasks", "pooled g [95%]", "p", "τ²", "I²", "per task: g [95%]")])
     for v, (ss, p) in panels.items():
-        per = "; ".join(f"{md(s['label'])} {s['g']:+.2f} [{s['ci_low']:+.2f}, {s['ci_high']:+.2f}]" for s in ss)
-        lines.append(f"| {md(v)} | {p['k']} | {p['pooled']:+.2f} [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}] | "
-                     f"{p['p']:.2g} | {p['tau2']:.3g} | {p['i2']:.0%} | {per} |")
-    return lines + ["", f"![{stem}.png]({stem}.png)", ""]
+        per = Text("; ".join("{} " + f"{s['g']:+.2f} [{s['ci_low']:+.2f}, {s['ci_high']:+.2f}]" for s in ss),
+                   *(s["label"] for s in ss))
+        table.rows.append([v, p["k"], Text(f"{p['pooled']:+.2f} [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}]"),
+                           Num(p["p"], f"{p['p']:.2g}"), Num(p["tau2"], f"{p['tau2']:.3g}"),
+                           Num(p["i2"], f"{p['i2']:.0%}"), per])
+    return lines + [table, "", f"![{stem}.png]({stem}.png)", ""]
 
 
-def stability_section(boards) -> list[str]:
-    """The largest learning rate at which no seed diverged, per task and variant (boards whose runs search lr)."""
-    from quest_bench.leaderboard import md
+def stability_section(boards) -> list:
+    """The largest value of each task's stability axis (its declared grid key, e.g. the learning rate) at which no
+    seed diverged, per task and variant (boards whose runs search that key)."""
+    from quest_bench.leaderboard import md, md_code
+    from quest_bench.report_tables import Table, Text
 
-    table = largest_stable_lr([(b.title, r) for b in boards for r in b.runs])
+    table, axes = {}, {}
+    for b in boards:
+        axis = b.conventions.stability_axis
+        found = largest_stable_lr([(b.title, r) for r in b.runs], axis) if axis else {}
+        table.update(found)
+        if found:
+            axes.setdefault(axis, []).append(b.title)
     if not table:
         return []
     variants = sorted({v for _, v in table}, key=lambda v: (v != BASELINE, v))
-    lines = ["## Stability: the largest learning rate at which no seed diverged", "",
-             f"Per task and variant, over every run that sets `{STABILITY_KEY}`: the largest rate searched at which "
-             "no run diverged (≥ when it is the largest searched: the limit lies beyond the search); in brackets "
-             "the diverged runs of all runs.", "",
-             "| task | " + " | ".join(md(v) for v in variants) + " |", "|---|" + "---|" * len(variants)]
+    named = "; ".join(f"`{md_code(axis)}` ({', '.join(map(md, titles))})" for axis, titles in axes.items())
+    out = Table([Text("task"), *variants])
+    lines = ["## Stability: the largest value of the stability axis at which no seed diverged", "",
+             f"Per task and variant, over every run that sets the task's stability axis ({named}): the largest value "
+             "searched at which no run diverged (≥ when it is the largest searched: the limit lies beyond the "
+             "search); in brackets the diverged runs of all runs.", "", out]
     for title in dict.fromkeys(t for t, _ in table):
         cells = []
         for v in variants:
             s = table.get((title, v))
             if s is None:
-                cells.append("—")
+                cells.append(Text("—"))
                 continue
             largest = "none" if s["largest"] is None else \
                 ("≥ " if s["largest"] == s["searched"] else "") + f"{s['largest']:g}"
-            cells.append(f"{largest} ({s['diverged']}/{s['runs']})")
-        lines.append(f"| {md(title)} | " + " | ".join(cells) + " |")
+            cells.append(Text(f"{largest} ({s['diverged']}/{s['runs']})"))
+        out.rows.append([title, *cells])
     counts = stability_against_baseline(table)
     if counts:
         lines += ["", f"Against `{BASELINE}`, task by task (a count, no test): " + "; ".join(

@@ -43,7 +43,7 @@ SCALARS = ("run_id", "task", "task_version", "variant", "preset", "seed", "statu
            "schema_version")
 FLAT = ("metrics", "cost", "telemetry")  # numbers by name: one column per name, "metric.<name>" and so on
 PREFIX = {"metrics": "metric.", "cost": "cost.", "telemetry": "telemetry."}
-JSON_FIELDS = ("overrides", "metric_directions", "data", "config", "preset_values")
+JSON_FIELDS = ("overrides", "metric_directions", "conventions", "data", "config", "preset_values")
 ENV_COLUMNS = ("git_sha", "git_dirty")  # columns of their own for queries; the "env" column holds them too
 PRIVATE_ENV = ("pid",)  # a fact of the process that ran it, not of the run: not published (the host name stays: the
 # leaderboard's provenance lists it)

@@ -27,6 +27,8 @@ class RunResult:
     higher_is_better: bool = True  # direction of the primary metric
     metric_directions: dict[str, bool] = field(default_factory=dict)  # leaderboard metrics -> higher is better
     validation_metric: str = ""  # the primary metric on a validation split (what a -tuned suite selects by)
+    conventions: dict[str, Any] = field(default_factory=dict)  # how the leaderboard reads it (Task.conventions);
+    # {} in results written before this field existed (the leaderboard then asks the task's class)
     telemetry: dict[str, float] = field(default_factory=dict)  # final quest_core telemetry summary (max over layers)
     cost: dict[str, float] = field(default_factory=dict)  # wall_s, peak_rss_mib (or peak_cuda_mib), samples_per_s
     env: dict[str, Any] = field(default_factory=dict)  # package versions, git sha, dirty flag, device, host, python
@@ -120,7 +122,7 @@ def check_record(data) -> None:
     value = data.get("metric_directions", {})
     if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
         wrong("metric_directions", "an object of true/false (higher is better) by metric name")
-    for key in ("overrides", "env", "config", "data", "preset_values"):
+    for key in ("overrides", "env", "config", "data", "preset_values", "conventions"):
         if not isinstance(data.get(key, {}), dict):
             wrong(key, "an object")
         if depth(data.get(key, {})) > MAX_DEPTH:

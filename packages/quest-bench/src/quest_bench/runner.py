@@ -101,7 +101,7 @@ def execute(spec: RunSpec, out_dir: Path, device: str = "cpu", data_root: str | 
         run_id=spec.run_id, task=spec.task, task_version=task.version, variant=spec.variant, preset=spec.preset,
         seed=spec.seed, overrides=dict(spec.overrides), status="ok", primary_metric=task.primary_metric,
         higher_is_better=task.higher_is_better, metric_directions=task.metric_directions(),
-        validation_metric=task.validation_metric,
+        validation_metric=task.validation_metric, conventions=task.conventions(),
         env=environment(device, data_root),
     )
     diverge_step = int(injected["diverge_at_step"]) if "diverge_at_step" in injected else None

@@ -109,6 +109,16 @@ class Task(abc.ABC):
     # variant's configuration by, so that the reported test metric is not the one it was chosen on.
     validation_metric: ClassVar[str] = ""
     leaderboard_metrics: ClassVar[dict[str, bool]] = {}  # extra metrics -> higher is better (robustness etc.)
+    # How the leaderboard reads the task's results (stored with every result, ``conventions``): the training curves
+    # of events.jsonl it plots and which of them on a log axis; the grid key of a stability-margin sweep and the 0/1
+    # metric that says a run trained stably, with what "stably" means beyond "no divergence"; the robustness metric
+    # of the cross-task win rate ("": the first ``corrupted_*`` leaderboard metric, if any).
+    curve_keys: ClassVar[tuple[str, ...]] = ("loss", "max_logit", "entropy_mean", "k_norm_max", "q_norm_max")
+    log_curve_keys: ClassVar[tuple[str, ...]] = ("loss", "max_logit", "k_norm_max", "q_norm_max")
+    stability_axis: ClassVar[str] = "lr"
+    stability_metric: ClassVar[str] = "stable"
+    stability_note: ClassVar[str] = ""
+    robustness_metric: ClassVar[str] = ""
     config_class: ClassVar[type]
     presets: ClassVar[dict[str, dict[str, Any]]]
     resources: ClassVar[dict[str, Resources]] = {}
@@ -144,6 +154,27 @@ class Task(abc.ABC):
 
     def metric_directions(self) -> dict[str, bool]:
         return {self.primary_metric: self.higher_is_better, **self.leaderboard_metrics}
+
+    @staticmethod
+    def default_robustness(metrics) -> str:
+        """The robustness metric a task that declares none uses: its first ``corrupted_*`` metric ("" if none)."""
+        return next((m for m in metrics if m.startswith("corrupted")), "")
+
+    @classmethod
+    def conventions(cls) -> dict[str, Any]:
+        """The task's leaderboard conventions as stored in each result (JSON types; the class attributes above)."""
+        robustness = cls.robustness_metric or cls.default_robustness(cls.leaderboard_metrics)
+        if cls.robustness_metric and cls.robustness_metric not in cls.leaderboard_metrics:
+            raise ValueError(f"task {getattr(cls, 'name', cls.__name__)!r}: robustness_metric "
+                             f"{cls.robustness_metric!r} is not one of its leaderboard_metrics "
+                             f"({', '.join(cls.leaderboard_metrics) or 'none'})")
+        unplotted = [k for k in cls.log_curve_keys if k not in cls.curve_keys]
+        if unplotted:
+            raise ValueError(f"task {getattr(cls, 'name', cls.__name__)!r}: log_curve_keys {unplotted} are not in "
+                             f"curve_keys ({', '.join(cls.curve_keys)})")
+        return {"curves": list(cls.curve_keys), "log_curves": list(cls.log_curve_keys),
+                "stability_axis": cls.stability_axis, "stability_metric": cls.stability_metric,
+                "stability_note": cls.stability_note, "robustness_metric": robustness}
 
     def make_config(self, preset: str, overrides: dict[str, Any]):
         """The typed config for a preset plus overrides; unknown presets or keys, wrong types and values outside a

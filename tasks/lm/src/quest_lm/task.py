@@ -54,6 +54,7 @@ class LmTask(Task):
     validation_metric = "valid_ppl"
     higher_is_better = False
     leaderboard_metrics = {"valid_ppl": False, "corrupted_ppl": False, "loss_spikes": False}
+    stability_note = "no loss spike and a validation perplexity better than the unigram baseline"  # experiment.py
     config_class = LmConfig
     entry_point = "quest_lm.experiment:run"
     presets = {

@@ -77,6 +77,9 @@ class SpuriousTask(Task):
     higher_is_better = True
     leaderboard_metrics = {"robust_success_75": True, "robust_success_90": True, "robust_fraction": True,
                            "unbiased_acc": True, "biased_acc": True}
+    # the norm of the key that carries the biased answer: the probe's mechanism, plotted on a log axis
+    curve_keys = (*Task.curve_keys, "biased_answer_key_norm")
+    log_curve_keys = (*Task.log_curve_keys, "biased_answer_key_norm")
     config_class = SpuriousConfig
     entry_point = "quest_spurious.experiment:run"
     presets = {"tiny": {}, "small": {"steps": 3000}, "paper": {"steps": 6000, "seq_len": 32}}
