@@ -143,3 +143,14 @@ def test_records_without_conventions_are_read_with_the_task_s_declaration(tmp_pa
     unknown = [result(v, 0, 0.5, conventions={}, task="not-installed") for v in ("softmax", "quest")]
     conv = of_runs("not-installed (tiny)", unknown)
     assert conv.curves == list(Task.curve_keys) and conv.robustness_metric == "corrupted_score"  # its own metrics
+
+
+def test_the_runner_stores_the_task_s_conventions_in_each_result(tmp_path, monkeypatch):
+    from quest_bench.runner import execute
+    from quest_bench.spec import RunSpec
+
+    monkeypatch.setenv("QUEST_BENCH_FAULTS", "diverge_at_step=2")  # a result after two steps
+    spec = RunSpec("spurious", "softmax", "tiny", 0, {"steps": 4, "warmup_steps": 1}, "x")
+    r = execute(spec, tmp_path, progress=False)
+    assert r.status == "diverged" and r.conventions == get_task("spurious").conventions()
+    assert RunResult.from_dict(json.loads(r.to_json())).conventions["curves"][-1] == "biased_answer_key_norm"

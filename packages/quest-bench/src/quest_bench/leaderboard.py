@@ -6,13 +6,18 @@ exact sign-flip p-value for n < 5, a t 95% interval for n ≥ 5; Holm-corrected 
 binary primary metric the success rate with a Wilson interval and an exact McNemar test, the task's extra metrics,
 divergence and failure counts, and (for suites with a grid) the primary metric per grid cell. Across tasks: each
 variant's mean win rate, a win being a significantly better result on paired runs (exact sign test, Holm), over the
-primary metrics and separately over one robustness metric per task; not shown while any cell has fewer than 2
-runs (a banner names them). Figures: per-task bars with t 95% intervals (n ≥ 2) and training curves.
+primary metrics and separately over each task's declared robustness metric; not shown while any cell has fewer
+than 2 runs (a banner names them). Figures: per-task bars with t 95% intervals (n ≥ 2) and the training curves the
+task declares.
 
-Stability margin: when a suite sweeps the learning rate (grid key ``lr``, at least 3 values) of a task whose runs
-report ``stable`` (1 = trained stably, by the task's definition), each variant's margin is the largest rate at
-which it, and every smaller rate of the grid, was stable on every seed; plus a plot of the primary metric against
-the rate.
+Stability margin: when a suite sweeps a task's stability axis (its declared grid key, e.g. the learning rate; at
+least 3 values) and its runs report the task's stability metric (1 = trained stably, by the task's definition),
+each variant's margin is the largest value at which it, and every smaller value of the grid, was stable on every
+seed; plus a plot of the primary metric against that value.
+
+How a task's results are read (curves, log axes, stability axis and metric, robustness metric, metric directions)
+comes from its runs' records (``quest_bench.conventions``), never from the task's name. Sections return tables
+(``quest_bench.report_tables``); one renderer writes them as Markdown, HTML, CSV and JSON.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Across domains: a standardised paired effect per task, combined by a random-effects meta-analysis and drawn as a
-forest plot; the decision rule applied to every comparison of a page; and stability (the largest learning rate at
-which no seed diverges). docs/statistics.md states the formulas.
+forest plot; the decision rule applied to every comparison of a page; and stability (the largest value of a task's
+stability axis, e.g. the learning rate, at which no seed diverges). docs/statistics.md states the formulas.
 
 - ``standardised_effect``: per task, Hedges-corrected d_z of the paired differences (mean / sd), oriented so that
   > 0 is better, with its standard error and a normal 95% interval.
@@ -8,7 +8,7 @@ which no seed diverges). docs/statistics.md states the formulas.
   its standard error, interval and p.
 - ``forest_plot``: one panel per variant (tasks and the pooled diamond), written as a PNG.
 - ``page_sections``: the leaderboard's "Verdicts" (``stats.decide`` over every comparison on the page), "Across
-  domains" and "Stability" sections.
+  domains" and "Stability" sections, as prose lines and tables (``quest_bench.report_tables``).
 """
 
 from __future__ import annotations
