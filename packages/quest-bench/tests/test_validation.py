@@ -111,7 +111,7 @@ def test_duplicate_suite_entries_run_once(tmp_path, capsys):
 
     suite = tmp_path / "dup.yaml"
     suite.write_text("name: dup\ntasks: [spurious, spurious, {name: spurious}]\nvariants: [quest, quest]\n"
-                     "seeds: [0, 0, 1]\ngrid: {steps: [30, 30]}\n")
+                     "seeds: [0, 0, 1]\ngrid: {steps: [300, 300]}\n")
     specs = load_suite(str(suite)).specs
     assert len(specs) == len({s.run_id for s in specs}) == 2  # seeds 0 and 1
     assert main(["sweep", "--suite", str(suite), "--results", str(tmp_path / "results"), "--dry-run"]) == 0
