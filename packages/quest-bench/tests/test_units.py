@@ -191,12 +191,12 @@ def test_leaderboard_page_summary_provenance_tables_and_a_copyable_folder(tmp_pa
     md = (folder / "README.md").read_text()
     summary = md[md.index("## Summary: Δ vs softmax"):md.index("## lm (tiny)")]
     assert "| lm (tiny) | valid_ppl ↓ | +0.117 (p 0.25, n=3) |" in summary  # quest - softmax, 3 pairs: p = 2/8
-    assert "code (git): abc123def456" in md and "compute: 3.00 run-hours" in md and "node1 (cpu, 1 threads)" in md
-    assert "finished 2026-12-01T00:00:00+00:00 to 2026-12-03T00:00:00+00:00" in md
+    assert "| code (git) | abc123def456 |" in md and "wall times) | 3.00 |" in md and "node1 (cpu, 1 threads)" in md
+    assert "| finished | 2026-12-01T00:00:00+00:00 to 2026-12-03T00:00:00+00:00 |" in md
     tables = sorted(p.name for p in (folder / "tables").iterdir())
     assert tables == ["01-Summary_vs_softmax.csv", "01-Summary_vs_softmax.json", "02-Verdicts_one_decision_rule.csv",
                       "02-Verdicts_one_decision_rule.json", "03-lm_tiny.csv", "03-lm_tiny.json",
-                      "results.csv", "results.json"]  # the numbers as numbers
+                      "04-Provenance.csv", "04-Provenance.json", "results.csv", "results.json"]  # the numbers as numbers
     assert "no verdict: n = 3 < 10 pairs" in md  # the decision rule's table: 3 pairs decide nothing
     rows = json.loads((folder / "tables" / "03-lm_tiny.json").read_text())
     assert [r["variant"] for r in rows] == ["softmax", "quest"] and rows[1]["n"] == 3  # a number, not "3"

@@ -623,33 +623,38 @@ def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dic
                if tuned_deltas else ""), "", table, ""]
 
 
-def provenance(boards: list[TaskBoard]) -> list[str]:
-    """Where the numbers come from: code versions, dates, packages, machines, total compute, and where a board's
-    conventions come from when its runs' records do not hold them."""
+def provenance(boards: list[TaskBoard]) -> list:
+    """Where the numbers come from, as a table: run count and dates, code versions, packages, machines, total
+    compute, and where a board's conventions come from when its runs' records do not hold them."""
     runs = [r for b in boards for r in b.runs]
-    shas = sorted({f"{md(str(r.env.get('git_sha') or 'unknown')[:12])}{' (dirty)' if r.env.get('git_dirty') else ''}"
+
+    def listed(items: list[tuple[str, ...]], template: str, sep: str = ", ") -> Text:
+        """Untrusted values in a trusted template, once per item."""
+        return Text(sep.join([template] * len(items)), *(x for item in items for x in item))
+
+    shas = sorted({(str(r.env.get("git_sha") or "unknown")[:12], " (dirty)" if r.env.get("git_dirty") else "")
                    for r in runs})
-    dates = sorted(md(r.finished_at) for r in runs if r.finished_at)
+    dates = sorted(r.finished_at for r in runs if r.finished_at) or ["?"]
     packages = defaultdict(set)
     for r in runs:
         for name, ver in (r.env.get("packages") or {}).items():
-            packages[md(name)].add(md(ver))
-    hosts = sorted({f"{md(r.env.get('host', '?'))} ({md(r.env.get('device', '?'))}, "
-                    f"{md(r.env.get('torch_threads', '?'))} threads)" for r in runs})
+            packages[clean(name)].add(clean(ver))
+    hosts = sorted({(clean(r.env.get("host", "?")), clean(r.env.get("device", "?")),
+                     clean(r.env.get("torch_threads", "?"))) for r in runs})
     hours = sum(r.cost.get("wall_s", 0.0) for r in runs) / 3600
-    lines = ["## Provenance", "",
-             f"- runs: {len(runs)}, finished {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}",
-             f"- code (git): {', '.join(shas)}",
-             "- packages: " + ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(packages.items())),
-             f"- machines: {', '.join(hosts)}",
-             f"- compute: {hours:.2f} run-hours in all (sum of the runs' wall times)"]
+    table = Table([Text("what"), Text("value")], [
+        [Text("runs"), len(runs)],
+        [Text("finished"), Text("{} to {}", dates[0], dates[-1])],
+        [Text("code (git)"), Text(", ".join(["{}" + dirty for _, dirty in shas]), *(sha for sha, _ in shas))],
+        [Text("packages"), listed([(k, "/".join(sorted(v))) for k, v in sorted(packages.items())], "{} {}")],
+        [Text("machines"), listed(hosts, "{} ({}, {} threads)")],
+        [Text("compute (run-hours: the sum of the runs' wall times)"), Num(hours, f"{hours:.2f}")]])
     undeclared = [b for b in boards if b.conventions.undeclared]
     if undeclared:
-        lines.append("- conventions (curves, stability axis and metric, robustness metric): " + "; ".join(
-            f"{md(b.title)}: {b.conventions.undeclared} of {len(b.runs)} runs' records hold none (written before "
-            "results stored them), "
-            f"read with {b.conventions.source}" for b in undeclared))
-    return lines + [""]
+        table.rows.append([Text("conventions (curves, stability axis and metric, robustness metric)"), listed(
+            [(b.title, str(b.conventions.undeclared), str(len(b.runs)), b.conventions.source) for b in undeclared],
+            "{}: {} of {} runs' records hold none (written before results stored them), read with {}", "; ")])
+    return ["## Provenance", "", table, ""]
 
 
 def conventions_note(b: TaskBoard) -> list[str]:
