@@ -154,3 +154,17 @@ def test_the_runner_stores_the_task_s_conventions_in_each_result(tmp_path, monke
     r = execute(spec, tmp_path, progress=False)
     assert r.status == "diverged" and r.conventions == get_task("spurious").conventions()
     assert RunResult.from_dict(json.loads(r.to_json())).conventions["curves"][-1] == "biased_answer_key_norm"
+
+
+def test_stage_one_of_a_confirming_suite_refuses_runs_that_disagree_on_the_direction():
+    from quest_bench import tuning
+    from quest_bench.spec import RunSpec
+
+    specs = [RunSpec("probe", "quest", "tiny", seed, {"warmup": 0.1}, "x") for seed in range(2)]
+    results = {s.run_id: RunResult(run_id=s.run_id, task="probe", task_version="1", variant="quest", preset="tiny",
+                                   seed=s.seed, overrides=s.overrides, status="ok", primary_metric="score",
+                                   higher_is_better=s.seed == 0, metrics={"score": 0.5}) for s in specs}
+    with pytest.raises(ValueError, match=r"probe \(tiny\) / quest disagree on whether higher is better for 'score'"):
+        tuning.stage_one_choices(specs, results, ("warmup",))
+    results[specs[1].run_id].higher_is_better = True
+    assert tuning.stage_one_choices(specs, results, ("warmup",))[("probe", "tiny", "quest")][2] is True

@@ -16,6 +16,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from quest_bench.conventions import directions
 from quest_bench.result import RunResult
 from quest_bench.stats import mean_std
 from quest_bench.store import is_finished
@@ -192,7 +193,8 @@ def stage_one_choices(specs, results: dict[str, RunResult], keys: tuple[str, ...
         validation = next((r.validation_metric for r in runs if r.validation_metric), "")
         templates = {cell_key(s.overrides, keys): s for s in reversed(group_specs)}
         options = choices(runs, keys, validation, grid_order(group_specs, keys)) if validation else []
-        out[group] = (options, templates, runs[0].higher_is_better if runs else True, validation)
+        higher = directions(f"{group[0]} ({group[1]}) / {group[2]}", runs)[1] if runs else True  # all runs agree
+        out[group] = (options, templates, higher, validation)
     return out
 
 
