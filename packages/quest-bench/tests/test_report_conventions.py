@@ -92,8 +92,9 @@ def test_conventions_round_trip_through_the_record_and_the_published_row():
     r = result("quest", 0, 0.5)
     assert RunResult.from_dict(json.loads(r.to_json())).conventions == CONV
     assert result_of(run_rows(runset([r]), {})[0]).conventions == CONV
-    with pytest.raises(ValueError, match="conventions"):
-        RunResult.from_dict({**json.loads(r.to_json()), "conventions": ["loss"]})
+    for bad in (["loss"], {"curves": "loss"}, {"stability_axis": 3}):
+        with pytest.raises(ValueError, match="field 'conventions'"):
+            RunResult.from_dict({**json.loads(r.to_json()), "conventions": bad})
     spurious = get_task("spurious").conventions()
     assert "biased_answer_key_norm" in spurious["curves"] and "biased_answer_key_norm" in spurious["log_curves"]
     assert Task.conventions()["robustness_metric"] == ""  # the SDK declares none

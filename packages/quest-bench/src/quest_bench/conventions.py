@@ -29,19 +29,6 @@ def declared(task: str) -> tuple[dict, str]:
         return Task.conventions(), DEFAULTS
 
 
-def check_stored(run: RunResult) -> dict:
-    """A run's stored conventions with their types checked: a ValueError names the run, the field and what is
-    valid."""
-    stored = run.conventions
-    for key, value in stored.items():
-        valid = (isinstance(value, list) and all(isinstance(v, str) for v in value)) if key in LISTS \
-            else isinstance(value, str)
-        if key in FIELDS and not valid:
-            raise ValueError(f"run {run.run_id}: conventions.{key} = {value!r:.80} is invalid; valid: "
-                             f"{'a list of names' if key in LISTS else 'a string'}")
-    return stored
-
-
 @dataclass
 class Conventions:
     """What one board's runs say about how to read them (``of_runs``)."""
@@ -72,7 +59,7 @@ def of_runs(title: str, runs: list[RunResult]) -> Conventions:
     values: dict[str, list] = {k: [] for k in FIELDS}
     undeclared = 0
     for r in runs:
-        stored = check_stored(r)
+        stored = r.conventions  # its types checked on read (result.check_record)
         undeclared += not stored
         # a record without conventions of a task that is not installed: its own metrics name its robustness metric
         own = fallback if stored or installed else {

@@ -122,11 +122,16 @@ def check_record(data) -> None:
     value = data.get("metric_directions", {})
     if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
         wrong("metric_directions", "an object of true/false (higher is better) by metric name")
-    for key in ("overrides", "env", "config", "data", "preset_values", "conventions"):
+    for key in ("overrides", "env", "config", "data", "preset_values"):
         if not isinstance(data.get(key, {}), dict):
             wrong(key, "an object")
         if depth(data.get(key, {})) > MAX_DEPTH:
             wrong(key, f"an object nested at most {MAX_DEPTH} levels")
+    value = data.get("conventions", {})  # Task.conventions: curve lists and names
+    if not isinstance(value, dict) or not all(
+            (isinstance(v, list) and all(isinstance(x, str) for x in v)) if k in ("curves", "log_curves")
+            else isinstance(v, str) for k, v in value.items()):
+        wrong("conventions", "an object: curves and log_curves lists of names, every other key a string")
     env = data.get("env", {})
     if not isinstance(env.get("packages", {}), dict):
         raise ValueError(f"field 'env.packages' = {env['packages']!r:.80} is invalid; valid: an object of versions")
