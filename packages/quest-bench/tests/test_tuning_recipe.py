@@ -41,11 +41,12 @@ def test_runs_that_do_not_record_the_recipe_give_none(no_registry):
 def test_a_run_records_the_presets_values_of_its_overrides(tmp_path):
     task = registry.get_task("spurious")
     preset = task.make_config("tiny", {})
-    overrides = {"steps": 3, "eval_samples": 16, "lr": preset.lr * 2}
+    overrides = {"steps": 3, "warmup_steps": 1, "eval_samples": 16, "lr": preset.lr * 2}
     spec = registry.canonical_overrides(task, overrides)
     result = execute(RunSpec("spurious", "quest", "tiny", 0, spec, "x"), tmp_path, progress=False)
     assert result.status == "ok", result.reason
-    assert result.preset_values == {"steps": preset.steps, "eval_samples": preset.eval_samples, "lr": preset.lr}
+    assert result.preset_values == {"steps": preset.steps, "warmup_steps": preset.warmup_steps,
+                                    "eval_samples": preset.eval_samples, "lr": preset.lr}
     assert RunResult.from_dict(json.loads(result.to_json())).preset_values == result.preset_values
     assert tuning.preset_cell([result], ("lr",)) == {"lr": preset.lr}
 
