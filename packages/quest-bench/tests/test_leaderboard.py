@@ -126,7 +126,7 @@ def tuned_run(variant, seed, lr, val, test, status="ok"):
     spec = RunSpec("lm", variant, "tiny", seed, {"lr": lr}, "x")
     return spec, RunResult(run_id=spec.run_id, task="lm", task_version="1", variant=variant, preset="tiny", seed=seed,
                            overrides={"lr": lr}, status=status, primary_metric="test_ppl", higher_is_better=False,
-                           validation_metric="valid_ppl",
+                           validation_metric="valid_ppl", preset_values={"lr": 0.003},
                            metrics={"test_ppl": test, "valid_ppl": val} if status == "ok" else {})
 
 
@@ -144,7 +144,7 @@ def test_a_tuned_suite_picks_each_variant_on_validation_and_reports_test(tmp_pat
     board = TaskBoard("lm", "tiny", [r for r in Store(tmp_path / "lm-tuned").load()])
     options = tuning.choices(board.by_variant["quest"], ("lr",), "valid_ppl")
     assert tuning.best(options, higher_is_better=False).cell == {"lr": 0.01}
-    assert tuning.default_cell("lm", "tiny", ("lr",)) == {"lr": 0.003}
+    assert tuning.preset_cell(board.runs, ("lr",)) == {"lr": 0.003}  # the default recipe, as the runs stored it
     md = (write_leaderboard(store, "lm-tuned", tune=("lr",)) / "README.md").read_text()
     quest = next(line for line in md.splitlines() if line.startswith("| quest | 213.000 ± 1.000 (3)"))
     cells = [c.strip() for c in quest.strip("|").split("|")]

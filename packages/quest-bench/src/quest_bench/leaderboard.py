@@ -798,7 +798,7 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = 
     options = {v: tuning.choices([r for r in b.by_variant[v] if r.seed not in confirm], keys, val) for v in b.variants}
     chosen = {v: tuning.best(options[v], b.higher) for v in b.variants}
     reported = {v: tuning.confirmed(c, b.by_variant[v], confirm) for v, c in chosen.items()} if confirm else chosen
-    default = tuning.default_cell(b.task, b.preset, keys)
+    default = tuning.preset_cell(b.runs, keys)  # the preset's own values, as the runs stored them
     at_default = {v: tuning.at(options[v], default) for v in b.variants}
 
     def deltas(pick: dict) -> dict[str, dict]:

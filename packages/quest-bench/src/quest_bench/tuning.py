@@ -121,18 +121,6 @@ def preset_cell(runs: list[RunResult], keys: tuple[str, ...]) -> dict | None:
     return None
 
 
-def default_cell(task: str, preset: str, keys: tuple[str, ...]) -> dict | None:
-    """Superseded by ``preset_cell`` (which reads the stored runs instead of building the task); kept until the
-    leaderboard calls that. The preset's own values of the tune keys, or None if the task is not installed."""
-    from quest_bench.registry import get_task
-
-    try:
-        config = get_task(task).make_config(preset, {})
-    except ValueError:
-        return None
-    return {k: getattr(config, k) for k in keys}
-
-
 def at(options: list[Choice], cell: dict | None) -> Choice | None:
     """The choice at ``cell`` (numeric values compared as floats), if the search space contains it."""
     if cell is None:
