@@ -293,8 +293,9 @@ def test_an_interrupted_run_resumes_bitwise(tmp_path):
 
     # one epoch of 8 batches of 128 molecules, a narrow model, a small corruption subset: the shuffled epoch, the
     # weights, the optimizer and the scheduler resume (no augmentation draws from the step's generator)
-    cfg = GraphsTask().make_config("tiny", {"epochs": 1, "batch_size": 128, "dim": 16, "depth": 1, "num_heads": 2,
-                                            "walk_length": 4, "pe_dim": 4, "corruption_samples": 9, "log_every": 1})
+    cfg = GraphsTask().make_config("tiny", {"epochs": 1, "warmup_epochs": 1, "batch_size": 128, "dim": 16, "depth": 1,
+                                            "num_heads": 2, "walk_length": 4, "pe_dim": 4, "corruption_samples": 9,
+                                            "log_every": 1})
     straight, resumed, step = straight_and_resumed(run, cfg, tmp_path, checkpoint_every=2, crash_step=3)
     assert step == 2 and resumed == straight
     assert {"test_acc", "val_acc", "majority_acc", "corrupted_acc", "final_max_logit"} <= straight.keys()
