@@ -111,6 +111,11 @@ def test_a_local_instance_listens_on_loopback_only_and_serves_no_metrics():
 
 
 TWO_INSTANCES = """
+import os
+os.environ.pop("RAY_AUTH_MODE", None)
+os.environ.pop("RAY_AUTH_TOKEN", None)
+from ray._raylet import AuthenticationTokenLoader
+assert not AuthenticationTokenLoader.instance().has_token()  # Ray has now read 'no auth' once, as CI's pytest had
 from quest_bench.sweep import ray_session
 for _ in range(2):
     with ray_session(None, 0) as ray:
@@ -120,8 +125,9 @@ for _ in range(2):
 
 @pytest.mark.slow
 def test_one_process_starts_a_local_instance_twice():
-    """Ray's client caches the first auth token it reads for the life of the process: a second local instance with
-    a new token would reject the driver (InvalidAuthToken), as a second sweep in one pytest process did."""
+    """Ray's client caches the auth settings it first reads for the life of the process: a process that had asked
+    Ray for a token without auth set sent none to a sweep's token-protected instance ("Missing authorization
+    header", as in one pytest process), and a second instance with a new token would reject the driver."""
     import subprocess
     import sys
 

@@ -334,6 +334,18 @@ SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 NO_METRICS = {"enable_metrics_collection": False}
 
 
+def reload_ray_auth() -> None:
+    """Make Ray's client re-read its auth settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN) from the environment. It reads
+    them once per process and keeps them: a process that touched Ray before (an earlier ``ray.init`` without auth,
+    or anything that asked for the token) would otherwise send no token to a token-protected instance ("Missing
+    authorization header", and the start fails). The same two calls as Ray's own test helper
+    ``ray._private.authentication_test_utils.reset_auth_token_state``."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 @functools.cache
 def local_ray_token() -> str:
     """The token of this process's local Ray instances: fresh per process, and the same for every instance it starts,
@@ -370,6 +382,7 @@ def ray_session(address: str | None, max_retries: int):
         if is_loopback(address):  # the driver stays on 127.0.0.1 too (Ray would take the machine's network address)
             os.environ[SINGLE_MACHINE], ray_constants.ENABLE_RAY_CLUSTER = "0", False
         try:
+            reload_ray_auth()
             init_keeping_sigterm(ray, address=address, log_to_driver=False)
             yield ray
         finally:
@@ -387,6 +400,7 @@ def ray_session(address: str | None, max_retries: int):
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     try:
+        reload_ray_auth()
         start_local_ray(ray, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
                         _system_config={"task_oom_retries": max_retries, **NO_METRICS},
                         runtime_env={"env_vars": {"TQDM_DISABLE": "1", ROOT_ENV: str(project_root())}})
@@ -398,6 +412,7 @@ def ray_session(address: str | None, max_retries: int):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        reload_ray_auth()
         ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR,
                                                                   not ray_constants.IS_WINDOWS_OR_OSX)
 
