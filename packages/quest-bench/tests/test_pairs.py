@@ -81,4 +81,4 @@ def test_the_command_reads_a_published_suite(capsys):
     folder = Path(__file__).resolve().parents[3] / "docs" / "results" / "spurious-mini"
     assert main(["pairs", "--from", str(folder), "--variants", "quest,softmax", "--metric", "robust_fraction"]) == 0
     out = capsys.readouterr().out
-    assert "## spurious (tiny)" in out and "| pooled | 2 | 0 |" in out
+    assert "**spurious (tiny)**" in out and "| pooled | 2 | 0 |" in out

@@ -208,9 +208,42 @@ def test_doc_blocks_must_equal_the_regenerated_tables(published, tmp_path):
     assert publish_main(["fill", str(doc), "--results", str(root)]) == 1  # nothing to fill them from
 
 
+@pytest.mark.parametrize("cell, text", [("0.3046875", "0.3047"), ("0.041146169165", "0.04115"), ("10", "10"),
+                                        ("-3", "-3"), ("1.8e-25", "1.8e-25"), ("nan", "nan"),
+                                        ("+0.014 [-0.0156, +0.0435]", "+0.014 [-0.0156, +0.0435]"), ("quest", "quest")])
+def test_a_doc_block_shows_decimal_numbers_to_four_digits_and_the_rest_as_written(cell, text):
+    from quest_bench.publish import shown
+
+    assert shown(cell) == text
+
+
+def test_a_pairs_block_holds_the_pairs_tables_of_the_published_suite(published, tmp_path):
+    from quest_bench.pairs import report
+    from quest_bench.publish import read_table, result_of
+
+    root = published["folder"].parent
+    doc = tmp_path / "page.md"
+    doc.write_text(f"<!-- results:{SUITE}:pairs/quest,softmax/lr/acc -->\n<!-- /results -->\n")
+    assert len(doc_problems([doc], root)) == 1 and "differs from the table regenerated" in doc_problems([doc], root)[0]
+    assert publish_main(["fill", str(doc), "--results", str(root)]) == 0
+    runs = [result_of(row) for row in read_table(published["folder"] / "runs.parquet")]
+    tables = report(runs, "quest", "softmax", "acc", "lr")  # the command's output, computed independently here
+    text = doc.read_text()
+    assert tables in text and "**toy (tiny)**" in text and "**toy-b (tiny)**" in text and "| 0.2 | 2 | 1 |" in text
+    assert f"[{SUITE}](" in text and doc_problems([doc], root) == []
+    doc.write_text(text.replace("| 0.2 | 2 | 1 |", "| 0.2 | 3 | 0 |", 1))  # a hand edit: the diverged pair hidden
+    assert len(doc_problems([doc], root)) == 1
+    doc.write_text(f"<!-- results:{SUITE}:pairs/quest/lr/acc -->\n<!-- /results -->\n"
+                   f"<!-- results:{SUITE}:pairs/quest,qknorm/lr/acc -->\n<!-- /results -->\n")
+    problems = doc_problems([doc], root)
+    assert "a pairs block is named pairs/A,B/BY/METRIC" in problems[0] and "no runs of variant 'qknorm'" in problems[1]
+
+
 def test_every_result_block_in_the_readme_and_docs_is_current():
-    """The README and docs/*.md: each marked block equals its table regenerated from docs/results/<suite>."""
-    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    """The README and the docs' pages (not the published leaderboards): each marked block equals its table
+    regenerated from docs/results/<suite>."""
+    docs = REPO / "docs"
+    pages = [REPO / "README.md", *sorted(p for p in docs.rglob("*.md") if p.relative_to(docs).parts[0] != "results")]
     assert doc_problems(pages, REPO / "docs" / "results") == []
 
 

@@ -535,7 +535,7 @@ def cmd_compare(args) -> int:
 
 def cmd_pairs(args) -> int:
     """`pairs`: two variants of one suite tested against each other, per level of a grid key and pooled."""
-    from quest_bench.pairs import markdown, pair_tests
+    from quest_bench.pairs import report
     from quest_bench.publish import RUNS, read_table, result_of
     from quest_bench.runs import collect
     from quest_bench.suite import suite_name
@@ -549,11 +549,7 @@ def cmd_pairs(args) -> int:
         results = collect(existing_results(Path(args.results)), [suite_name(args.suite)]).results
     if not results:
         raise ValueError(f"no runs found for suite {args.suite or args.published!r}")
-    for task, preset in sorted({(r.task, r.preset) for r in results}):
-        runs = [r for r in results if (r.task, r.preset) == (task, preset)]
-        metric = args.metric or runs[0].primary_metric
-        tests = pair_tests(runs, a, b, metric, args.by)
-        print(f"## {task} ({preset})\n\n{markdown(tests, a, b, metric, args.by)}")
+    print(report(results, a, b, args.metric, args.by))
     return 0
 
 

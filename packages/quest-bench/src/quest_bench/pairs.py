@@ -136,5 +136,16 @@ def markdown(tests: list[PairTest], a: str, b: str, metric: str, by: str | None)
     return "\n".join([legend + (" " + note if note else ""), "", *rows, ""])
 
 
+def report(results: list[RunResult], a: str, b: str, metric: str | None, by: str | None) -> str:
+    """Per task and preset of ``results`` (a section each, headed "**task (preset)**"): A against B on ``metric`` (default:
+    the task's primary metric) per level of ``by`` and pooled, as a Markdown table with its legend."""
+    sections = []
+    for task, preset in sorted({(r.task, r.preset) for r in results}):
+        runs = [r for r in results if (r.task, r.preset) == (task, preset)]
+        name = metric or runs[0].primary_metric
+        sections.append(f"**{task} ({preset})**\n\n{markdown(pair_tests(runs, a, b, name, by), a, b, name, by)}")
+    return "\n".join(sections)
+
+
 def hp(t: PairTest) -> str:
     return "–" if t.level == POOLED or not math.isfinite(t.p_holm) else format_p(t.p_holm)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -57,7 +58,8 @@ def public_env(env: dict) -> dict:
         out["data_root"] = Path(str(out["data_root"])).name
     return out
 # a block's markers start their lines (an indented example of one is not a block)
-BLOCK = re.compile(r"^<!-- results:([A-Za-z0-9._-]+):([A-Za-z0-9._-]+) -->\n(.*?)^<!-- /results -->", re.S | re.M)
+BLOCK = re.compile(r"^<!-- results:([A-Za-z0-9._-]+):([A-Za-z0-9._,/-]+) -->\n(.*?)^<!-- /results -->", re.S | re.M)
+PAIRS_BLOCK = re.compile(r"pairs/([A-Za-z0-9_-]+),([A-Za-z0-9_-]+)/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)")
 
 
 def sha256(path: Path) -> str:
@@ -270,15 +272,25 @@ def leaderboard_from(folder: Path, out: Path | None = None) -> Path:
 
 # ---- result blocks in the documentation -------------------------------------------------------------------------
 
+def shown(cell: str) -> str:
+    """A CSV cell as a Markdown table shows it: a decimal number to 4 significant digits (the CSV keeps it in full),
+    anything else (integers, text) as it is."""
+    try:
+        value = float(cell)
+    except ValueError:
+        return cell
+    return cell if cell.lstrip("+-").isdigit() or not math.isfinite(value) else f"{value:.4g}"
+
+
 def markdown_table(csv_path: Path) -> str:
-    """A leaderboard table (its CSV) as a Markdown table, every cell shown as its text."""
+    """A leaderboard table (its CSV) as a Markdown table, each cell as ``shown`` gives it."""
     from quest_bench.leaderboard import md
 
     with open(csv_path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
         return ""
-    line = lambda cells: "| " + " | ".join(md(c, limit=10_000) for c in cells) + " |"  # noqa: E731
+    line = lambda cells: "| " + " | ".join(md(shown(c), limit=10_000) for c in cells) + " |"  # noqa: E731
     return "\n".join([line(rows[0]), "|" + "---|" * len(rows[0]), *map(line, rows[1:])]) + "\n"
 
 
@@ -290,11 +302,30 @@ def block_text(doc: Path, published: Path, regenerated: Path, table: str) -> str
             + f"\nFrom the published suite [{Path(published).name}]({Path(link).as_posix()}) (table {table}).\n")
 
 
+def pairs_block_text(doc: Path, published: Path, table: str) -> str:
+    """What the block ``results:SUITE:pairs/A,B/BY/METRIC`` holds: `quest-bench pairs`' tables of the published
+    suite, and a link to its run table. ValueError says what is wrong with the name or the suite."""
+    from quest_bench.pairs import report
+
+    match = PAIRS_BLOCK.fullmatch(table)
+    if not match:
+        raise ValueError(f"a pairs block is named pairs/A,B/BY/METRIC (e.g. pairs/quest,qknorm/weight_decay/"
+                         f"robust_fraction), not {table!r}")
+    a, b, by, metric = match.groups()
+    if not (Path(published) / RUNS).is_file():
+        raise ValueError(f"{published} has no {RUNS} (publish the suite first)")
+    results = [result_of(row) for row in read_table(Path(published) / RUNS)]
+    link = os.path.relpath(Path(published).resolve() / RUNS, Path(doc).resolve().parent)
+    return (report(results, a, b, metric, by)
+            + f"\nFrom the published suite [{Path(published).name}]({Path(link).as_posix()}) "
+              f"(`quest-bench pairs --variants {a},{b} --by {by} --metric {metric}`).\n")
+
+
 def result_blocks(paths: list[Path], results_root: Path, fill: bool = False) -> list[str]:
     """Every block marked ``<!-- results:SUITE:TABLE -->`` … ``<!-- /results -->`` in the Markdown files ``paths``
     compared with ``block_text`` for TABLE (a file name in tables/, without .csv) regenerated from
-    ``results_root/SUITE``: one line per block that differs or names a suite or table that is not there (none: every
-    block is current). ``fill``: rewrite the blocks that differ instead (then only the missing ones are named)."""
+    ``results_root/SUITE`` (or ``pairs_block_text`` for a TABLE named pairs/A,B/BY/METRIC): one line per block that
+    differs or names a suite or table that is not there (none: every block is current). ``fill``: rewrite the blocks that differ instead (then only the missing ones are named)."""
     problems, regenerated = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for path in map(Path, paths):
@@ -303,6 +334,13 @@ def result_blocks(paths: list[Path], results_root: Path, fill: bool = False) -> 
             def current(match: re.Match) -> str:
                 suite, table, block = match.groups()
                 where = f"{path}: block results:{suite}:{table}"
+                if table.startswith("pairs/"):
+                    try:
+                        wanted = pairs_block_text(path, Path(results_root) / suite, table)
+                    except ValueError as err:
+                        problems.append(f"{where}: {err}")
+                        return match.group(0)
+                    return keep_or_fill(match, wanted)
                 if suite not in regenerated:
                     try:
                         regenerated[suite] = leaderboard_from(Path(results_root) / suite, Path(tmp) / suite)
@@ -315,10 +353,14 @@ def result_blocks(paths: list[Path], results_root: Path, fill: bool = False) -> 
                     known = ", ".join(p.stem for p in sorted((regenerated[suite] / "tables").glob("*.csv")))
                     problems.append(f"{where}: no table {table!r}; the suite's tables: {known}")
                     return match.group(0)
-                wanted = block_text(path, Path(results_root) / suite, regenerated[suite], table)
+                return keep_or_fill(match, block_text(path, Path(results_root) / suite, regenerated[suite], table))
+
+            def keep_or_fill(match: re.Match, wanted: str) -> str:
+                suite, table, block = match.groups()
                 if block != wanted and not fill:
-                    problems.append(f"{where}: differs from the table regenerated from {Path(results_root) / suite}; "
-                                    f"`python -m quest_bench.publish fill {path}` rewrites it")
+                    problems.append(f"{path}: block results:{suite}:{table}: differs from the table regenerated from "
+                                    f"{Path(results_root) / suite}; `python -m quest_bench.publish fill {path}` "
+                                    "rewrites it")
                 return f"<!-- results:{suite}:{table} -->\n{wanted}<!-- /results -->"
 
             new = BLOCK.sub(current, text)
