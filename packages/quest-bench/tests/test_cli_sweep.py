@@ -89,6 +89,18 @@ def test_runs_and_export_accept_the_sweep_s_options_and_its_file(tmp_path, capsy
     assert len(json.loads(capsys.readouterr().out)) == 8
 
 
+def test_the_leaderboard_accepts_the_sweep_s_options(tmp_path, capsys):
+    suite, results = finished(tmp_path)
+    out = tmp_path / "board"
+    assert cli.main(["leaderboard", *SHAPE, "--results", str(results), "--out", str(out)]) == 0
+    page = (out / "README.md").read_text()
+    assert f"# Leaderboard: {suite.name}" in page and "8 runs" in page
+    assert "| softmax | 4 |" in page and "| quest | 4 |" in page  # 2 seeds x 2 learning rates each
+    assert cli.main(["leaderboard", "--task", "spurious", "--variants", "softmax,quest", "--seeds", "0-2",
+                     "--grid", "lr=1e-3,3e-3", "--results", str(results), "--out", str(tmp_path / "b2")]) == 2
+    assert "no results" in capsys.readouterr().err.lower()  # another shape is another suite, never these runs
+
+
 def test_a_missing_results_folder_is_an_error(tmp_path, capsys):
     for command in (["runs"], ["export", "--adhoc"], ["show", "abcd"], ["leaderboard", "--adhoc"]):
         assert cli.main([*command, "--results", str(tmp_path / "nonexistent")]) == 2

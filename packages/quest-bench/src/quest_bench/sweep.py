@@ -461,6 +461,13 @@ AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_p
 
 
 @contextmanager
+def startup_wait_env(wait_s: float) -> dict[str, str]:
+    """Ray's start-up waits (read from the environment by its processes) scaled to ``wait_s`` seconds."""
+    return {"RAY_gcs_server_port_wait_time_s": str(int(wait_s)), "RAY_agent_register_timeout_ms": str(int(wait_s * 1000)),
+            "RAY_raylet_start_wait_time_s": str(int(wait_s)),
+            "RAY_worker_register_timeout_seconds": str(int(max(60.0, wait_s)))}
+
+
 def startup_settings(wait_s: float):
     """What a local Ray instance needs to start beside other instances on a busy machine, for the time of
     ``ray.init`` only:
@@ -480,9 +487,7 @@ def startup_settings(wait_s: float):
     import ray._private.utils as ray_utils
     from ray._private import ray_constants
 
-    knobs = {"RAY_gcs_server_port_wait_time_s": str(int(wait_s)), "RAY_agent_register_timeout_ms": str(int(wait_s * 1000)),
-             "RAY_raylet_start_wait_time_s": str(int(wait_s)),
-             "RAY_worker_register_timeout_seconds": str(int(max(60.0, wait_s)))}
+    knobs = startup_wait_env(wait_s)
     saved_env = {k: os.environ.get(k) for k in knobs}
     saved = (parameter.RayParams, services.get_node, ray_utils.set_sigterm_handler,
              ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S, services.start_ray_process)
