@@ -460,7 +460,6 @@ def free_port() -> int:
 AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_port", "dashboard_agent_listen_port")
 
 
-@contextmanager
 def startup_wait_env(wait_s: float) -> dict[str, str]:
     """Ray's start-up waits (read from the environment by its processes) scaled to ``wait_s`` seconds."""
     return {"RAY_gcs_server_port_wait_time_s": str(int(wait_s)), "RAY_agent_register_timeout_ms": str(int(wait_s * 1000)),
@@ -468,6 +467,7 @@ def startup_wait_env(wait_s: float) -> dict[str, str]:
             "RAY_worker_register_timeout_seconds": str(int(max(60.0, wait_s)))}
 
 
+@contextmanager
 def startup_settings(wait_s: float):
     """What a local Ray instance needs to start beside other instances on a busy machine, for the time of
     ``ray.init`` only:
