@@ -26,10 +26,14 @@ WORKER_RESULT = "worker-result.json"  # worker 0's result, handed to the caller 
 
 class RayTrainCheckpoints:
     """The checkpoint store of a Ray Train worker: ``save`` reports a checkpoint (written by worker 0; every worker
-    calls ``ray.train.report``, which Ray Train requires), ``load`` reads the latest one Ray Train restored."""
+    calls ``ray.train.report``, which Ray Train requires), ``load`` reads the latest one Ray Train restored. An
+    unreadable or unfitting checkpoint is set aside once with the reason in ``<folder>/checkpoint.unusable.txt``
+    (``quest_sdk.checkpoint.record_set_aside``, the rule of every store); a second one raises
+    ``UnusableCheckpoint``. ``folder`` is the run folder on worker 0, None on the others (they only warn)."""
 
-    def __init__(self, rank: int):
-        self.rank = rank
+    def __init__(self, rank: int, folder: Path | None = None):
+        self.rank, self.folder = rank, (Path(folder) if folder is not None else None)
+        self.restored: Path | None = None  # the file ``load`` last read
 
     def save(self, state: dict, step: int) -> None:
         import ray.train
@@ -48,7 +52,24 @@ class RayTrainCheckpoints:
         if checkpoint is None:
             return None
         with checkpoint.as_directory() as folder:
-            return torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+            return self.read(Path(folder) / CHECKPOINT_FILE)
+
+    def read(self, path: Path) -> dict | None:
+        """The state in ``path``; None after setting an unreadable one aside."""
+        self.restored = Path(path)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # a truncated or foreign file: starting over loses time, not results
+            self.set_aside(f"{type(err).__name__}: {err}", kind="unreadable")
+            return None
+
+    def set_aside(self, reason: str, kind: str = "unusable") -> None:
+        """Record the restored checkpoint as unusable in the run folder (Ray Train owns the file, so it stays);
+        raise ``UnusableCheckpoint`` if one was recorded before."""
+        from quest_sdk.checkpoint import record_set_aside
+
+        record_set_aside(self.folder if self.rank == 0 else None, self.restored or Path(CHECKPOINT_FILE), reason,
+                         kind, move=self.rank == 0)
 
 
 def worker_loop(config: dict) -> None:
@@ -65,7 +86,7 @@ def worker_loop(config: dict) -> None:
         out_dir = Path(config["out_dir"]) if rank == 0 else Path(scratch)
         result = execute(spec, out_dir, device=config["device"], data_root=config["data_root"],
                          progress=config["progress"] and rank == 0, checkpoint_every=config["checkpoint_every"],
-                         rank=rank, world_size=world, checkpoints=RayTrainCheckpoints(rank),
+                         rank=rank, world_size=world, checkpoints=RayTrainCheckpoints(rank, out_dir if rank == 0 else None),
                          threads=config.get("threads"))
     if rank == 0:
         (out_dir / WORKER_RESULT).write_text(result.to_json())

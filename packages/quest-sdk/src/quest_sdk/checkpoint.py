@@ -51,18 +51,35 @@ class FolderCheckpoints:
         """Rename the checkpoint to ``checkpoint.unusable.pt`` and append the reason to ``checkpoint.unusable.txt``
         (the run's record of it), so the run starts over once; if one was set aside before, raise
         ``UnusableCheckpoint`` instead (the run fails and says why, rather than starting over forever)."""
-        folder = self.path.parent
-        reason = " ".join(str(reason).split())[:500]
-        log = folder / SET_ASIDE_LOG
-        if log.exists():
-            first = log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
-            raise UnusableCheckpoint(f"{kind} checkpoint {self.path} ({reason}), and an earlier one was set "
-                                     f"aside already ({first[0]}); remove both to start over")
-        print(f"warning: ignoring {kind} checkpoint {self.path} ({reason}); set aside as {folder / SET_ASIDE}, "
-              "training starts from step 0", file=sys.stderr)
-        if not self.write:
-            return
-        os.replace(self.path, folder / SET_ASIDE)
-        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        with open(log, "a") as f:
-            f.write(f"{stamp} {CHECKPOINT} set aside as {SET_ASIDE}, {kind}: {reason}\n")
+        record_set_aside(self.path.parent, self.path, reason, kind, move=self.write)
+
+
+def record_set_aside(folder: Path | None, checkpoint: Path, reason: str, kind: str = "unusable",
+                     move: bool = True) -> None:
+    """Set ``checkpoint`` aside for run folder ``folder``, the one rule of every checkpoint store: raise
+    ``UnusableCheckpoint`` if ``folder/checkpoint.unusable.txt`` records an earlier one, else warn, and (``move``)
+    rename the file to ``folder/checkpoint.unusable.pt`` when it lies in ``folder`` and append the reason to the
+    log. ``folder=None`` (a worker that keeps no run folder) only warns."""
+    reason = " ".join(str(reason).split())[:500]
+    if folder is None:
+        print(f"warning: ignoring {kind} checkpoint {checkpoint} ({reason}); training starts from step 0",
+              file=sys.stderr)
+        return
+    folder = Path(folder)
+    log = folder / SET_ASIDE_LOG
+    if log.exists():
+        first = log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
+        raise UnusableCheckpoint(f"{kind} checkpoint {checkpoint} ({reason}), and an earlier one was set "
+                                 f"aside already ({first[0]}); remove both to start over")
+    print(f"warning: ignoring {kind} checkpoint {checkpoint} ({reason}); set aside as {folder / SET_ASIDE}, "
+          "training starts from step 0", file=sys.stderr)
+    if not move:
+        return
+    if Path(checkpoint).parent.resolve() == folder.resolve() and Path(checkpoint).exists():
+        os.replace(checkpoint, folder / SET_ASIDE)
+        where = f"set aside as {SET_ASIDE}"
+    else:  # a copy the checkpoint store owns (Ray Train's): recorded, left where it is
+        where = "ignored"
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with open(log, "a") as f:
+        f.write(f"{stamp} {Path(checkpoint).name} {where}, {kind}: {reason}\n")
