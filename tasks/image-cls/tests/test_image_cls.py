@@ -10,7 +10,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from quest_sdk.task import RunContext
 from quest_image_cls import data as D
-from quest_image_cls.attacks import adversarial_accuracy
+from quest_image_cls.attacks import adversarial_accuracy, standard_autoattack, standard_autoattack_accuracy
 from quest_sdk.image_corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from quest_image_cls.model import Classifier, build_vit, cls_attention
 from quest_image_cls.experiment import accuracy, materialise, train
@@ -184,6 +184,38 @@ def test_autoattack_runs_and_is_at_least_as_strong_as_pgd(trained):
     adv = adversarial_accuracy(model, x[:4], y[:4], 10, eps=8 / 255, pgd_steps=10, pgd_step_size=2 / 255,
                                autoattack=True, device="cpu", batch_size=4)  # 4 images: AutoAttack is slow
     assert adv["autoattack_acc"] <= adv["pgd_acc"]
+
+
+def test_standard_autoattack_is_torchattacks_standard_version(trained):
+    model, _, _ = trained
+    attack = standard_autoattack(model, num_classes=10, eps=8 / 255, seed=0)
+    assert type(attack).__module__.startswith("torchattacks") and attack.version == "standard"
+    names = [type(a).__name__ for a in attack._autoattack.attacks]
+    assert names == ["APGD", "APGDT", "FAB", "Square"]  # APGD-CE, APGD-T, FAB-T, Square
+    assert attack._autoattack.attacks[3].n_queries == 5000 and attack._autoattack.attacks[2].multi_targeted
+
+
+@pytest.mark.slow  # its 5,000-query Square attack runs on every image it cannot break otherwise
+def test_standard_autoattack_stays_in_budget_and_lowers_accuracy(trained):
+    model, (x, y), _ = trained
+    eps = 8 / 255
+    x_bchw, y_b = x[:6], y[:6]
+    clean = accuracy(model, x_bchw, y_b, "cpu")
+    acc, adv_bchw = standard_autoattack_accuracy(model, x_bchw, y_b, 10, eps, "cpu", batch_size=6)
+    assert adv_bchw.shape == x_bchw.shape
+    assert (adv_bchw - x_bchw).abs().max() <= eps + 1e-6
+    assert adv_bchw.min() >= 0.0 and adv_bchw.max() <= 1.0
+    assert acc <= clean
+    adv = adversarial_accuracy(model, x_bchw, y_b, 10, eps=eps, pgd_steps=2, pgd_step_size=2 / 255,
+                               autoattack=False, device="cpu", batch_size=6, standard_autoattack=True)
+    assert adv["std_autoattack_acc"] == acc  # the same seeded attack through the metric's entry point
+
+
+def test_standard_autoattack_is_on_only_at_paper_and_declared_higher_is_better():
+    task = ImageClsTask()
+    assert not task.make_config("tiny", {}).standard_autoattack
+    assert task.make_config("paper", {}).standard_autoattack
+    assert task.metric_directions()["std_autoattack_acc"] is True
 
 
 def test_an_interrupted_run_resumes_bitwise(tmp_path):

@@ -52,7 +52,8 @@ def run(cfg: ImageClsConfig, ctx) -> TaskOutput:
     attacked = stratified_subset(y_test, cfg.adv_samples, seed=ctx.seed)  # every class, not the first ones
     metrics.update(adversarial_accuracy(model.cpu() if ctx.device == "cpu" else model, x_test[attacked], y_test[attacked],
                                         D.NUM_CLASSES[cfg.dataset], cfg.adv_eps, cfg.pgd_steps, cfg.pgd_step_size,
-                                        cfg.autoattack, ctx.device, seed=ctx.seed))
+                                        cfg.autoattack, ctx.device, seed=ctx.seed,
+                                        standard_autoattack=cfg.standard_autoattack))
     attention_figure(model, x_test, y_test, cfg.figure_images, Path(ctx.out_dir) / "attention.png",
                      title=f"{ctx.variant}: CLS attention, last block", device=device)
     return TaskOutput(metrics, data={"name": cfg.dataset, "revision": data_id}, samples_seen=samples)

@@ -40,7 +40,8 @@ class ImageClsConfig(EpochTraining):
     adv_eps: float = param(8 / 255, ge=0, le=1)  # L∞ budget in [0, 1] pixel units
     pgd_steps: int = param(10, ge=1)
     pgd_step_size: float = param(2 / 255, gt=0, le=1)
-    autoattack: bool = False
+    autoattack: bool = False  # ART's AutoAttack ensemble -> autoattack_acc
+    standard_autoattack: bool = False  # torchattacks' standard AutoAttack -> std_autoattack_acc (slow; on at paper)
     log_every: int = 20
     figure_images: int = param(6, ge=1)
 
@@ -64,6 +65,7 @@ DEIT_RECIPE = {
     "lr": 1e-3, "weight_decay": 0.05, "warmup_epochs": 5, "label_smoothing": 0.1, "mixup": 0.8, "cutmix": 1.0,
     "randaugment": "rand-m9-mstd0.5-inc1", "amp": True, "num_workers": 10, "corruption_samples": 5000,
     "adv_samples": 1000, "adv_eps": 1 / 255, "pgd_steps": 20, "pgd_step_size": 0.25 / 255, "autoattack": True,
+    "standard_autoattack": True,
     "val_fraction": 0.01,  # 12.8k training images
 }
 # preset -> (model, the paper's epochs, activations recomputed in backward): ViT-B/L recompute so that the recipe's
@@ -105,7 +107,7 @@ class ImageClsTask(Task):
     primary_metric = "test_acc"
     higher_is_better = True
     validation_metric = "val_acc"
-    leaderboard_metrics = {"corrupted_acc": True, "fgsm_acc": True, "pgd_acc": True}
+    leaderboard_metrics = {"corrupted_acc": True, "fgsm_acc": True, "pgd_acc": True, "std_autoattack_acc": True}
     config_class = ImageClsConfig
     entry_point = "quest_image_cls.experiment:run"
     presets = {
