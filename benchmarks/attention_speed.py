@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
 import platform
 import statistics
 import time
@@ -200,7 +201,9 @@ def main(argv=None) -> None:
     machine = (torch.cuda.get_device_name() if args.device == "cuda"
                else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads")
     lines = [f"Forward+backward on {args.device} ({machine}), torch {torch.__version__}; ≥ {args.repeats} rounds "
-             f"and ≥ {args.min_seconds:g} s per row; ratios are paired against SDPA in the same run.", ""]
+             f"and ≥ {args.min_seconds:g} s per row; load average at start {os.getloadavg()[0]:.2f} "
+             f"({os.cpu_count()} CPUs). Time ratios are paired against SDPA in the same run (noisy on a loaded "
+             "machine); memory ratios are exact byte counts.", ""]
     if "realistic" in args.tables:
         lines += shape_table("Realistic shapes", REALISTIC[args.device], rows, args.device, dtypes, args.repeats,
                              args.min_seconds)
