@@ -58,7 +58,7 @@ def record_set_aside(folder: Path | None, checkpoint: Path, reason: str, kind: s
                      move: bool = True) -> None:
     """Set ``checkpoint`` aside for run folder ``folder``, the one rule of every checkpoint store: raise
     ``UnusableCheckpoint`` if ``folder/checkpoint.unusable.txt`` records an earlier one, else warn, and (``move``)
-    rename the file to ``folder/checkpoint.unusable.pt`` when it lies in ``folder`` and append the reason to the
+    rename the file to ``folder/checkpoint.unusable.pt`` when it lies under ``folder`` and append the reason to the
     log. ``folder=None`` (a worker that keeps no run folder) only warns."""
     reason = " ".join(str(reason).split())[:500]
     if folder is None:
@@ -75,7 +75,7 @@ def record_set_aside(folder: Path | None, checkpoint: Path, reason: str, kind: s
           "training starts from step 0", file=sys.stderr)
     if not move:
         return
-    if Path(checkpoint).parent.resolve() == folder.resolve() and Path(checkpoint).exists():
+    if folder.resolve() in Path(checkpoint).resolve().parents and Path(checkpoint).exists():
         os.replace(checkpoint, folder / SET_ASIDE)
         where = f"set aside as {SET_ASIDE}"
     else:  # a copy the checkpoint store owns (Ray Train's): recorded, left where it is

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+
 import quest_segmentation.mmcv_shim  # noqa: F401  (before mmengine/mmseg: the mmcv-lite shim)
 from mmengine.hooks import Hook
 
@@ -92,12 +94,31 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     checkpoint.by_epoch, checkpoint.save_last, checkpoint.max_keep_ckpts = False, True, 1
     mm_cfg.resume = True
     mm_cfg.work_dir = str(Path(ctx.out_dir) / "mmseg")
+    set_aside_unreadable_checkpoint(Path(mm_cfg.work_dir), Path(ctx.out_dir))
     # mmengine keeps one Visualizer per name per process; a Ray worker runs many runs, so name it per run.
     mm_cfg.visualizer.name = f"visualizer-{Path(ctx.out_dir).name}-{id(ctx)}"
     mm_cfg.randomness = dict(seed=ctx.seed, deterministic=False)
     if ctx.device == "cpu":
         mm_cfg.env_cfg.dist_cfg = dict(backend="gloo")
     return mm_cfg, data_id
+
+
+def set_aside_unreadable_checkpoint(work_dir: Path, run_dir: Path) -> None:
+    """Before mmengine resumes from the latest checkpoint of ``work_dir`` (named in its ``last_checkpoint`` file),
+    read it as mmengine will (weights-only, with the shim's allow-list); an unreadable one is set aside by the rule
+    of every checkpoint store (``quest_sdk.checkpoint.record_set_aside``: renamed to ``checkpoint.unusable.pt`` in
+    the run folder with the reason, once; a second one raises ``UnusableCheckpoint``) and mmengine starts over."""
+    from quest_sdk.checkpoint import record_set_aside
+
+    pointer = work_dir / "last_checkpoint"
+    if not pointer.exists():
+        return
+    latest = Path(pointer.read_text().strip())
+    try:
+        torch.load(latest, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated or foreign file: starting over loses time, not results
+        record_set_aside(run_dir, latest, f"{type(err).__name__}: {err}", kind="unreadable")
+        pointer.unlink()
 
 
 def exclude_variant_params_from_decay(mm_cfg) -> None:
