@@ -24,6 +24,7 @@ test-fast: setup  # skips the end-to-end Ray runs
 
 bench: setup
 	$(VENV_PY) benchmarks/attention_speed.py --out benchmarks/results-cpu.md
+	$(VENV_PY) benchmarks/attention_speed.py --tables vit --out benchmarks/results-cpu-memory.md
 
 gpu-check: setup  # on a GPU machine (no datasets): the CUDA tests, then lm at paper size (docs/gpu-check.md)
 	$(VENV_PY) benchmarks/gpu_check.py --out docs/gpu-check.md
