@@ -5,6 +5,7 @@ for records without them, the task's declaration), disagreements are shown, and 
 import csv
 import io
 import json
+import math
 import re
 import tokenize
 from pathlib import Path
@@ -169,3 +170,49 @@ def test_stage_one_of_a_confirming_suite_refuses_runs_that_disagree_on_the_direc
         tuning.stage_one_choices(specs, results, ("warmup",))
     results[specs[1].run_id].higher_is_better = True
     assert tuning.stage_one_choices(specs, results, ("warmup",))[("probe", "tiny", "quest")][2] is True
+
+
+def test_a_composed_cell_s_numbers_become_numeric_columns_beside_its_text(tmp_path):
+    table = Table([Text("variant"), Text("Δ [interval]")],
+                  [["quest", Text("+0.014 [-0.0156, +0.0435]", data={"mean": 0.014, "low": -0.0156, "high": 0.0435})],
+                   ["softmax", Text("—")]])
+    page = Page(["## Sec", "", table])
+    assert page.markdown().splitlines()[4] == "| quest | +0.014 [-0.0156, +0.0435] |"  # the page shows the text
+    write_data(page.tables, tmp_path, slug)
+    rows = list(csv.reader(open(tmp_path / "01-Sec.csv", newline="")))
+    assert rows == [["variant", "Δ [interval]", "Δ [interval]: mean", "Δ [interval]: low", "Δ [interval]: high"],
+                    ["quest", "+0.014 [-0.0156, +0.0435]", "0.014", "-0.0156", "0.0435"],
+                    ["softmax", "—", "", "", ""]]
+    assert json.loads((tmp_path / "01-Sec.json").read_text())[1] == {
+        "variant": "softmax", "Δ [interval]": "—", "Δ [interval]: mean": None, "Δ [interval]: low": None,
+        "Δ [interval]: high": None}
+
+
+def test_the_leaderboard_data_files_hold_the_statistics_as_numbers(tmp_path):
+    import statistics
+
+    from scipy import stats as sps
+
+    diffs = [0.05, 0.06, 0.09, 0.14, 0.21]
+    results = [result(v, s, 0.5 + 0.1 * s + (diffs[s] if v == "quest" else 0.0)) for v in ("softmax", "quest")
+               for s in range(5)]
+    folder = write_leaderboard(runset(results), "s", folder=tmp_path / "lb")
+    files = sorted((folder / "tables").glob("[0-9][0-9]-*.csv"))
+    assert files
+    for path in files:
+        rows = list(csv.reader(open(path, newline="")))
+        header = rows[0]
+        for i, name in enumerate(header):
+            if not any(name.startswith(f"{g}: ") for g in header[:i]):
+                continue  # a text column (a name, a label, or what the page shows)
+            for row in rows[1:]:
+                assert row[i] == "" or math.isfinite(float(row[i])), (path.name, name, row[i])
+    task = next(p for p in files if "probe" in p.name)
+    row = {r["variant"]: r for r in csv.DictReader(open(task, newline=""))}["quest"]
+    scores = [0.5 + 0.1 * s + diffs[s] for s in range(5)]
+    assert float(row["score mean ± std: mean"]) == pytest.approx(statistics.mean(scores))
+    assert float(row["score mean ± std: std"]) == pytest.approx(statistics.stdev(scores))
+    low, high = sps.t.interval(0.95, len(diffs) - 1, loc=statistics.mean(diffs), scale=sps.sem(diffs))
+    assert float(row["Δ vs softmax: mean"]) == pytest.approx(statistics.mean(diffs))
+    assert (float(row["Δ vs softmax: low"]), float(row["Δ vs softmax: high"])) == pytest.approx((low, high))
+    assert int(row["Δ vs softmax: n"]) == 5

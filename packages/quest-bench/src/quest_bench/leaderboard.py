@@ -207,10 +207,11 @@ class TaskBoard:
         """The mCE column (mean ± std over runs, n) and its paired Δ vs softmax column."""
         values = self.mce(variant)
         mean, std = mean_std(list(values.values()))
-        cell = Text(f"{mean_cell(mean, std, len(values), 1)} (n={len(values)})" if values else "—")
+        cell = Text(f"{mean_cell(mean, std, len(values), 1)} (n={len(values)})" if values else "—",
+                    data={"mean": mean, "std": std, "n": len(values)} if values else None)
         if variant == BASELINE:
             return cell, Text("—")
-        return cell, Text(delta_text(paired_difference(values, self.mce(BASELINE)), False))  # uncorrected
+        return cell, delta_cell(paired_difference(values, self.mce(BASELINE)), False)  # uncorrected
 
     def figure_links(self, run_folders: dict[str, Path], folder: Path) -> list[str]:
         """Markdown links to each variant's per-run figures (first finished run), copied into ``folder/run-figures``
@@ -539,15 +540,30 @@ def delta_text(delta: dict | None, binary: bool) -> str:
     return f"{delta['mean']:+.3f} [{delta['ci_low']:+.3f}, {delta['ci_high']:+.3f}] (n={n}; sign-flip {tests}){mark}"
 
 
+def delta_data(delta: dict | None) -> dict:
+    """The numbers of a Δ vs softmax cell for the data files: mean, interval bounds (n ≥ 5), p, Holm p, n."""
+    if not delta or not delta["n_pairs"]:
+        return {}
+    return {"mean": delta["mean"], "low": delta.get("ci_low") if delta["n_pairs"] >= 5 else None,
+            "high": delta.get("ci_high") if delta["n_pairs"] >= 5 else None, "p": delta.get("p"),
+            "p_holm": delta.get("p_holm"), "n": delta["n_pairs"]}
+
+
+def delta_cell(delta: dict | None, binary: bool) -> Text:
+    """``delta_text`` as a cell that carries its numbers (``delta_data``)."""
+    return Text(delta_text(delta, binary), data=delta_data(delta))
+
+
 def success_cell(b: TaskBoard, variant: str, metric: str) -> Text:
     """k/n successes of a binary metric; for a variant other than softmax also the exact McNemar p-value against
     softmax on the same pairs (uncorrected)."""
     ours = b.successes(variant, metric)
-    text = f"{sum(ours.values())}/{len(ours)}"
+    text, data = f"{sum(ours.values())}/{len(ours)}", {"successes": sum(ours.values()), "n": len(ours)}
     if variant == BASELINE or BASELINE not in b.by_variant:
-        return Text(text)
+        return Text(text, data=data)
     m = mcnemar_exact(ours, b.successes(BASELINE, metric))
-    return Text(f"{text} (+{m['ours_only']}/−{m['base_only']}, p={m['p']:.2g})" if m["n_pairs"] else text)
+    return Text(f"{text} (+{m['ours_only']}/−{m['base_only']}, p={m['p']:.2g})" if m["n_pairs"] else text,
+                data={**data, "mcnemar_p": m["p"] if m["n_pairs"] else None})
 
 
 def cell_success_table(b: TaskBoard) -> list:
@@ -585,7 +601,8 @@ def mean_cell(mean: float, std: float, n: int, digits: int = 3) -> str:
 
 def mean_value(mean: float, std: float, n: int, digits: int = 3) -> Num | Text:
     """A mean ± std cell: for n < 2 the one number it is (its data files get the number)."""
-    return Num(mean, fmt(mean, digits)) if n < 2 else Text(mean_cell(mean, std, n, digits))
+    return Num(mean, fmt(mean, digits)) if n < 2 else Text(mean_cell(mean, std, n, digits),
+                                                           data={"mean": mean, "std": std, "n": n})
 
 
 def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dict]] | None = None) -> list:
@@ -608,10 +625,12 @@ def summary_table(boards: list[TaskBoard], tuned_deltas: dict[str, dict[str, dic
             decided = rule.get((b.title, v), {})
             if decided.get("verdict", "no verdict") != "no verdict":
                 cells.append(Text(f"{d['mean']:+.3f} (t p {decided['p_holm']:.2g}, n={d['n_pairs']})"
-                                  + (" *" if decided["mark"] else "")))
+                                  + (" *" if decided["mark"] else ""),
+                                  data={"mean": d["mean"], "p_holm": decided["p_holm"], "n": d["n_pairs"]}))
                 continue
             mark = " *" if b.binary and d.get("p_holm", math.nan) < 0.05 else ""
-            cells.append(Text(f"{d['mean']:+.3f} (p {d['p_holm']:.2g}, n={d['n_pairs']}){mark}"))
+            cells.append(Text(f"{d['mean']:+.3f} (p {d['p_holm']:.2g}, n={d['n_pairs']}){mark}",
+                              data={"mean": d["mean"], "p_holm": d.get("p_holm"), "n": d["n_pairs"]}))
         table.rows.append([b.title, Text("{} " + ("↑" if b.higher else "↓"), b.primary), *cells])
     return ["## Summary: Δ vs softmax", "",
             f"Mean paired difference of each task's primary metric to `{BASELINE}` (Δ > 0 is better where higher is "
@@ -745,9 +764,10 @@ def task_section(b: TaskBoard, tuned: list, figures: list[str], links: list[str]
         rate_cell = []
         if b.binary:
             k, n, (lo, hi) = r["rate"]
-            rate_cell = [Text(f"{k}/{n} [{fmt(lo, 2)}, {fmt(hi, 2)}]")]
+            rate_cell = [Text(f"{k}/{n} [{fmt(lo, 2)}, {fmt(hi, 2)}]",
+                              data={"successes": k, "n": n, "wilson_low": lo, "wilson_high": hi})]
         table.rows.append([v, r["n"], mean_value(r["mean"], r["std"], r["n"]), *rate_cell,
-                           Text(delta_text(r.get("delta"), b.binary)),
+                           delta_cell(r.get("delta"), b.binary),
                            *[success_cell(b, v, m) if b.is_binary(m)
                              else mean_value(*r["extra"][m], len(b.values(v, m))) for m in extras],
                            *(b.mce_cells(v) if with_mce else []), r["diverged"], r["failed"]])
@@ -826,15 +846,17 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = 
     for v in b.variants:
         def mean_of(c):
             vals = list(c.by_seed(b.primary).values()) if c else []
-            return Text(mean_cell(*mean_std(vals), len(vals)) + f" ({len(vals)})" if vals else "—")
+            mean, std = mean_std(vals) if vals else (None, None)
+            return Text(mean_cell(mean, std, len(vals)) + f" ({len(vals)})" if vals else "—",
+                        data={"mean": mean, "std": std if len(vals) > 1 else None, "n": len(vals)} if vals else None)
 
         c = chosen[v]
         scores[v] = mean_std(list(reported[v].by_seed(b.primary).values()))[0] if c else math.nan
         runs = [r for r in b.by_variant[v] if r.seed not in confirm]  # the search's (stage 1's) runs
         table.rows.append([
-            v, mean_of(at_default[v]), Text(delta_text(d_default.get(v), False)), cell_label(options[v], c),
+            v, mean_of(at_default[v]), delta_cell(d_default.get(v), False), cell_label(options[v], c),
             Num(c.validation, fmt(c.validation)) if c else Text("—"), mean_of(reported[v]),
-            Text(delta_text(d_best.get(v), False)),
+            delta_cell(d_best.get(v), False),
             Text(f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)}")])
     if any(c and tuning.edge_keys(options[v], c) for v, c in chosen.items()):
         lines += ["", "edge: the best cell lies at the smallest or largest value searched for that key, so the "

@@ -177,23 +177,28 @@ def verdict_section(comps: dict[tuple[str, str], tuple[list[float], bool]], sour
         interval = f"{v['mean']:+.3g} [{v['ci_low']:+.3g}, {v['ci_high']:+.3g}]" if math.isfinite(v["ci_low"]) \
             else f"{v['mean']:+.3g}"
         holm_p = f" (Holm {v['p_holm']:.2g})" if math.isfinite(v["p_holm"]) else ""
-        table.rows.append([title, variant, v["n"], number_or_text(v["mean"], interval),
-                           number_or_text(v["p"], f"{format_p(v['p']).removeprefix('p = ')}{holm_p}"),
+        table.rows.append([title, variant, v["n"],
+                           number_or_text(v["mean"], interval, {"mean": v["mean"], "low": v["ci_low"],
+                                                                "high": v["ci_high"]}),
+                           number_or_text(v["p"], f"{format_p(v['p']).removeprefix('p = ')}{holm_p}",
+                                          {"p": v["p"], "p_holm": v["p_holm"]}),
                            number_or_text(v["p_sign_flip"],
-                                          format_p(v["p_sign_flip"], v["sign_flip_floor"]).replace("p = ", "")),
+                                          format_p(v["p_sign_flip"], v["sign_flip_floor"]).replace("p = ", ""),
+                                          {"p": v["p_sign_flip"]}),
                            Num(v["mde"], f"{v['mde']:.3g}"), Text(f"{v['words']}{' *' if v['mark'] else ''}")])
     return lines + [table, ""]
 
 
-def number_or_text(value: float, text: str):
+def number_or_text(value: float, text: str, data: dict | None = None):
     """A cell that shows ``text``: the number ``value`` where the text is just that number rounded (its data files
-    get the number), else the text (an interval, a bound such as "≤ 1e-05", a Holm p beside it)."""
+    get the number), else the text (an interval, a bound such as "≤ 1e-05", a Holm p beside it) carrying the
+    numbers ``data`` (default: ``value``) for the data files."""
     from quest_bench.report_tables import Num, Text
 
     try:
         float(text)
     except ValueError:
-        return Text(text)
+        return Text(text, data=data if data is not None else {"value": value})
     return Num(value, text)
 
 
@@ -222,8 +227,11 @@ def cross_domain_section(comps: dict[tuple[str, str], tuple[list[float], bool]],
     table = Table([Text(c) for c in ("variant", "tasks", "pooled g [95%]", "p", "τ²", "I²", "per task: g [95%]")])
     for v, (ss, p) in panels.items():
         per = Text("; ".join("{} " + f"{s['g']:+.2f} [{s['ci_low']:+.2f}, {s['ci_high']:+.2f}]" for s in ss),
-                   *(s["label"] for s in ss))
-        table.rows.append([v, p["k"], Text(f"{p['pooled']:+.2f} [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}]"),
+                   *(s["label"] for s in ss),
+                   data={f"{s['label']} {k}": s[key] for s in ss
+                         for k, key in (("g", "g"), ("low", "ci_low"), ("high", "ci_high"))})
+        table.rows.append([v, p["k"], Text(f"{p['pooled']:+.2f} [{p['ci_low']:+.2f}, {p['ci_high']:+.2f}]",
+                                           data={"g": p["pooled"], "low": p["ci_low"], "high": p["ci_high"]}),
                            Num(p["p"], f"{p['p']:.2g}"), Num(p["tau2"], f"{p['tau2']:.3g}"),
                            Num(p["i2"], f"{p['i2']:.0%}"), per])
     return lines + [table, "", f"![{stem}.png]({stem}.png)", ""]

@@ -283,13 +283,17 @@ def shown(cell: str) -> str:
 
 
 def markdown_table(csv_path: Path) -> str:
-    """A leaderboard table (its CSV) as a Markdown table, each cell as ``shown`` gives it."""
+    """A leaderboard table (its CSV) as a Markdown table, each cell as ``shown`` gives it: the text columns the
+    page shows, without the numeric columns ``"<header>: <key>"`` that expand a composed column (report_tables)."""
     from quest_bench.leaderboard import md
 
     with open(csv_path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
         return ""
+    shown_at = [i for i, h in enumerate(rows[0])
+                if not any(h.startswith(f"{g}: ") for g in rows[0][:i])]  # an expansion follows its text column
+    rows = [[row[i] for i in shown_at] for row in rows]
     line = lambda cells: "| " + " | ".join(md(shown(c), limit=10_000) for c in cells) + " |"  # noqa: E731
     return "\n".join([line(rows[0]), "|" + "---|" * len(rows[0]), *map(line, rows[1:])]) + "\n"
 
@@ -309,8 +313,8 @@ def pairs_block_text(doc: Path, published: Path, table: str) -> str:
 
     match = PAIRS_BLOCK.fullmatch(table)
     if not match:
-        raise ValueError(f"a pairs block is named pairs/A,B/BY/METRIC (e.g. pairs/quest,qknorm/weight_decay/"
-                         f"robust_fraction), not {table!r}")
+        raise ValueError(f"a pairs block is named pairs/A,B/BY/METRIC (e.g. pairs/quest,qknorm/lr/"
+                         f"accuracy), not {table!r}")
     a, b, by, metric = match.groups()
     if not (Path(published) / RUNS).is_file():
         raise ValueError(f"{published} has no {RUNS} (publish the suite first)")

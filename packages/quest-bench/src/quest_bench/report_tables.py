@@ -6,7 +6,12 @@ A section of the report returns a ``Table``: column headers and rows of typed ce
 - ``Num``: a number with the text the page shows for it (the data files keep the number);
 - ``str``: untrusted text read from a run (a variant, a metric name, an override): shown as exactly that text;
 - ``Text``: text the report composes (a template filled with values, e.g. "0.59 ± 0.03" or "lr=0.1 (edge of
-  lr)"): its template is trusted, its arguments are untrusted text, escaped for each format.
+  lr)"): its template is trusted, its arguments are untrusted text, escaped for each format. A composed cell of
+  numbers carries them in ``data`` (e.g. ``{"mean": 0.59, "std": 0.03}``).
+
+In the CSV and JSON, a column with ``data`` in any of its cells keeps its text column and gains one numeric column
+per key, named ``"<header>: <key>"`` (e.g. "Δ [interval]: mean", "Δ [interval]: low", "Δ [interval]: high"),
+right after it; a cell without that key leaves it empty (null).
 
 The page (``Page``) is a list of blocks: Markdown prose lines (the report writes them with untrusted values already
 escaped) and tables. ``markdown``, ``html_page`` and ``write_data`` render the same blocks, so the CSV and JSON beside
@@ -72,10 +77,12 @@ class Text:
 
     template: str
     args: tuple
+    data: dict
 
-    def __init__(self, template: str, *args):
+    def __init__(self, template: str, *args, data: dict | None = None):
         object.__setattr__(self, "template", template)
         object.__setattr__(self, "args", args)
+        object.__setattr__(self, "data", dict(data or {}))
 
     def render(self, escape) -> str:
         return self.template.format(*(escape(a) for a in self.args)) if self.args else self.template
@@ -155,12 +162,32 @@ class Table:
         body = "".join("<tr>" + "".join(f"<td>{cell_html(c)}</td>" for c in row) + "</tr>" for row in self.rows)
         return f"<table>{head}{body}</table>"
 
+    def data_keys(self) -> list[list[str]]:
+        """Per column, the keys of its cells' ``data`` in first-seen order (empty for a column without)."""
+        keys: list[list[str]] = [[] for _ in self.columns]
+        for row in self.rows:
+            for i, cell in enumerate(row):
+                if isinstance(cell, Text):
+                    keys[i] += [k for k in cell.data if k not in keys[i]]
+        return keys
+
     def header(self) -> list[str]:
-        return [str(cell_data(c)) for c in self.columns]
+        """The data files' column names: each column's text, then ``"<text>: <key>"`` per key of its data."""
+        names = [str(cell_data(c)) for c in self.columns]
+        return [h for name, keys in zip(names, self.data_keys()) for h in (name, *(f"{name}: {k}" for k in keys))]
+
+    def values(self, row: list[Cell]) -> list:
+        """One row's values in the order of ``header``: each cell's value, then its numbers by data key."""
+        out = []
+        for cell, keys in zip(row, self.data_keys()):
+            out.append(cell_data(cell))
+            data = cell.data if isinstance(cell, Text) else {}
+            out += [number(data.get(k)) for k in keys]
+        return out
 
     def records(self) -> list[dict]:
         """The rows as objects by column header (JSON)."""
-        return [dict(zip(self.header(), map(cell_data, row))) for row in self.rows]
+        return [dict(zip(self.header(), self.values(row))) for row in self.rows]
 
 
 Block = str | Table  # a Markdown line (untrusted values already escaped) or a table
@@ -205,7 +232,7 @@ def write_data(tables: list[Table], folder: Path, slug) -> list[str]:
         with open(folder / f"{name}.csv", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(table.header())
-            writer.writerows([["" if v is None else v for v in map(cell_data, row)] for row in table.rows])
+            writer.writerows([["" if v is None else v for v in table.values(row)] for row in table.rows])
         (folder / f"{name}.json").write_text(json.dumps(table.records(), indent=1))
         names += [f"{name}.csv", f"{name}.json"]
     return names
