@@ -26,7 +26,8 @@ def run(cfg: SegmentationConfig, ctx) -> TaskOutput:
 
     mm_cfg, data_id = mmseg_config(cfg, ctx)
     runner = Runner.from_cfg(mm_cfg)
-    runner.register_hook(QuestRunHook(ctx, mm_cfg.train_cfg.max_iters, cfg.log_every), priority="LOW")
+    runner.register_hook(QuestRunHook(ctx, mm_cfg.train_cfg.max_iters, cfg.log_every, run_fingerprint(cfg, ctx)),
+                         priority="LOW")
     runner.train()
     clean = runner.test()
     metrics = {"miou": clean["mIoU"] / 100, "aacc": clean["aAcc"] / 100, "macc": clean["mAcc"] / 100}
@@ -94,7 +95,7 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     checkpoint.by_epoch, checkpoint.save_last, checkpoint.max_keep_ckpts = False, True, 1
     mm_cfg.resume = True
     mm_cfg.work_dir = str(Path(ctx.out_dir) / "mmseg")
-    set_aside_unreadable_checkpoint(Path(mm_cfg.work_dir), Path(ctx.out_dir))
+    set_aside_unusable_checkpoint(Path(mm_cfg.work_dir), Path(ctx.out_dir), run_fingerprint(cfg, ctx))
     # mmengine keeps one Visualizer per name per process; a Ray worker runs many runs, so name it per run.
     mm_cfg.visualizer.name = f"visualizer-{Path(ctx.out_dir).name}-{id(ctx)}"
     mm_cfg.randomness = dict(seed=ctx.seed, deterministic=False)
@@ -103,11 +104,29 @@ def mmseg_config(cfg: SegmentationConfig, ctx):
     return mm_cfg, data_id
 
 
-def set_aside_unreadable_checkpoint(work_dir: Path, run_dir: Path) -> None:
+def run_fingerprint(cfg: SegmentationConfig, ctx) -> str:
+    """What a checkpoint must have been written by to be resumed: this task version, quest-core version, attention
+    variant and config (its data-loader worker count aside). mmengine resumes any checkpoint it can read, leniently,
+    so a checkpoint of other code or another configuration is told apart by this value, which it carries."""
+    import dataclasses
+    import hashlib
+    import json
+    from importlib.metadata import version
+
+    from quest_segmentation.task import SegmentationTask
+
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "num_workers"}
+    what = {"task": SegmentationTask.version, "quest_core": version("quest-core"), "variant": ctx.variant,
+            "config": config}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def set_aside_unusable_checkpoint(work_dir: Path, run_dir: Path, fingerprint: str) -> None:
     """Before mmengine resumes from the latest checkpoint of ``work_dir`` (named in its ``last_checkpoint`` file),
-    read it as mmengine will (weights-only, with the shim's allow-list); an unreadable one is set aside by the rule
-    of every checkpoint store (``quest_sdk.checkpoint.record_set_aside``: renamed to ``checkpoint.unusable.pt`` in
-    the run folder with the reason, once; a second one raises ``UnusableCheckpoint``) and mmengine starts over."""
+    read it as mmengine will (weights-only, with the shim's allow-list); one that is unreadable, or was written by
+    another run (its ``quest_run`` is not ``fingerprint``: other code, variant or config) is set aside by the rule of
+    every checkpoint store (``quest_sdk.checkpoint.record_set_aside``: renamed to ``checkpoint.unusable.pt`` in the
+    run folder with the reason, once; a second one raises ``UnusableCheckpoint``) and mmengine starts over."""
     from quest_sdk.checkpoint import record_set_aside
 
     pointer = work_dir / "last_checkpoint"
@@ -115,9 +134,15 @@ def set_aside_unreadable_checkpoint(work_dir: Path, run_dir: Path) -> None:
         return
     latest = Path(pointer.read_text().strip())
     try:
-        torch.load(latest, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(latest, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: starting over loses time, not results
         record_set_aside(run_dir, latest, f"{type(err).__name__}: {err}", kind="unreadable")
+        pointer.unlink()
+        return
+    written_by = checkpoint.get("quest_run") if isinstance(checkpoint, dict) else None
+    if written_by != fingerprint:
+        record_set_aside(run_dir, latest, f"written by another run (fingerprint {written_by}, this run's "
+                         f"{fingerprint}: other code, variant or config)", kind="another run's")
         pointer.unlink()
 
 
@@ -154,8 +179,8 @@ class QuestRunHook(Hook):
 
     priority = "LOW"
 
-    def __init__(self, ctx, total: int, log_every: int):
-        self.ctx, self.total, self.log_every = ctx, total, log_every
+    def __init__(self, ctx, total: int, log_every: int, fingerprint: str):
+        self.ctx, self.total, self.log_every, self.fingerprint = ctx, total, log_every, fingerprint
         self.telemetry = self.bar = None
 
     def _logging(self, step: int) -> bool:
@@ -193,6 +218,7 @@ class QuestRunHook(Hook):
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         checkpoint["quest_telemetry_last"] = dict(self.ctx.telemetry_last)
+        checkpoint["quest_run"] = self.fingerprint  # what a resume checks (set_aside_unusable_checkpoint)
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if "quest_telemetry_last" in checkpoint:  # a resumed run: the summary of the last row before the checkpoint
