@@ -137,8 +137,8 @@ def markdown(tests: list[PairTest], a: str, b: str, metric: str, by: str | None)
 
 
 def report(results: list[RunResult], a: str, b: str, metric: str | None, by: str | None) -> str:
-    """Per task and preset of ``results`` (a section each, headed "**task (preset)**"): A against B on ``metric`` (default:
-    the task's primary metric) per level of ``by`` and pooled, as a Markdown table with its legend."""
+    """Per task and preset of ``results`` (a section each, headed "**task (preset)**"): A against B on ``metric``
+    (default: the task's primary metric) per level of ``by`` and pooled, as a Markdown table with its legend."""
     sections = []
     for task, preset in sorted({(r.task, r.preset) for r in results}):
         runs = [r for r in results if (r.task, r.preset) == (task, preset)]

@@ -329,7 +329,8 @@ def result_blocks(paths: list[Path], results_root: Path, fill: bool = False) -> 
     """Every block marked ``<!-- results:SUITE:TABLE -->`` … ``<!-- /results -->`` in the Markdown files ``paths``
     compared with ``block_text`` for TABLE (a file name in tables/, without .csv) regenerated from
     ``results_root/SUITE`` (or ``pairs_block_text`` for a TABLE named pairs/A,B/BY/METRIC): one line per block that
-    differs or names a suite or table that is not there (none: every block is current). ``fill``: rewrite the blocks that differ instead (then only the missing ones are named)."""
+    differs or names a suite or table that is not there (none: every block is current). ``fill``: rewrite the blocks
+    that differ instead (then only the missing ones are named)."""
     problems, regenerated = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for path in map(Path, paths):

@@ -462,7 +462,8 @@ AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_p
 
 def startup_wait_env(wait_s: float) -> dict[str, str]:
     """Ray's start-up waits (read from the environment by its processes) scaled to ``wait_s`` seconds."""
-    return {"RAY_gcs_server_port_wait_time_s": str(int(wait_s)), "RAY_agent_register_timeout_ms": str(int(wait_s * 1000)),
+    return {"RAY_gcs_server_port_wait_time_s": str(int(wait_s)),
+            "RAY_agent_register_timeout_ms": str(int(wait_s * 1000)),
             "RAY_raylet_start_wait_time_s": str(int(wait_s)),
             "RAY_worker_register_timeout_seconds": str(int(max(60.0, wait_s)))}
 
