@@ -19,7 +19,9 @@ def test_an_unreadable_ray_checkpoint_is_recorded_once_then_a_second_one_raises(
     log = (run / SET_ASIDE_LOG).read_text()
     assert len(log.splitlines()) == 1 and "unreadable" in log and "ignored" in log
     assert (restored / CHECKPOINT_FILE).exists()  # Ray Train owns the file: recorded, not moved
-    assert "training starts from step 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "training starts from step 0" in err and f"recorded in {run / SET_ASIDE_LOG}" in err
+    assert "set aside as" not in err  # the warning says what happened: the file stayed
     with pytest.raises(UnusableCheckpoint, match="set aside already"):
         store.set_aside("does not fit this run: size mismatch")  # what Trainer.restore calls
 

@@ -71,15 +71,16 @@ def record_set_aside(folder: Path | None, checkpoint: Path, reason: str, kind: s
         first = log.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
         raise UnusableCheckpoint(f"{kind} checkpoint {checkpoint} ({reason}), and an earlier one was set "
                                  f"aside already ({first[0]}); remove both to start over")
-    print(f"warning: ignoring {kind} checkpoint {checkpoint} ({reason}); set aside as {folder / SET_ASIDE}, "
-          "training starts from step 0", file=sys.stderr)
+    # a file under the run folder is moved; a copy the checkpoint store owns (Ray Train's) is recorded, left in place
+    moved = move and folder.resolve() in Path(checkpoint).resolve().parents and Path(checkpoint).exists()
+    done = (f"set aside as {folder / SET_ASIDE}, " if moved else f"recorded in {log}, " if move else "")
+    print(f"warning: ignoring {kind} checkpoint {checkpoint} ({reason}); {done}training starts from step 0",
+          file=sys.stderr)
     if not move:
         return
-    if folder.resolve() in Path(checkpoint).resolve().parents and Path(checkpoint).exists():
+    if moved:
         os.replace(checkpoint, folder / SET_ASIDE)
-        where = f"set aside as {SET_ASIDE}"
-    else:  # a copy the checkpoint store owns (Ray Train's): recorded, left where it is
-        where = "ignored"
+    where = f"set aside as {SET_ASIDE}" if moved else "ignored"
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with open(log, "a") as f:
         f.write(f"{stamp} {Path(checkpoint).name} {where}, {kind}: {reason}\n")
