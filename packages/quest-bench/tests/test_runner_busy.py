@@ -33,6 +33,7 @@ def test_startup_settings_free_the_agent_port_scale_ray_s_waits_and_are_undone(m
     import ray._private.services as services
 
     monkeypatch.delenv("RAY_agent_register_timeout_ms", raising=False)
+    monkeypatch.delenv(sweep.WORKER_NICENESS, raising=False)
     before, get_node = parameter.RayParams, services.get_node
     assert before().dashboard_agent_listen_port == 52365  # Ray's fixed default, which two instances cannot share
     with sweep.startup_settings(123.0):
@@ -42,9 +43,13 @@ def test_startup_settings_free_the_agent_port_scale_ray_s_waits_and_are_undone(m
         assert parameter.RayParams(dashboard_agent_listen_port=4242).dashboard_agent_listen_port == 4242
         assert os.environ["RAY_agent_register_timeout_ms"] == "123000"
         assert os.environ["RAY_gcs_server_port_wait_time_s"] == "123"
+        assert os.environ[sweep.WORKER_NICENESS] == "0"  # the runs at the sweep's priority, not Ray's 15
         assert services.get_node is not get_node  # waits for the raylet up to the scaled time
     assert parameter.RayParams is before and services.get_node is get_node
-    assert "RAY_agent_register_timeout_ms" not in os.environ
+    assert "RAY_agent_register_timeout_ms" not in os.environ and sweep.WORKER_NICENESS not in os.environ
+    monkeypatch.setenv(sweep.WORKER_NICENESS, "5")
+    with sweep.startup_settings(1.0):
+        assert os.environ[sweep.WORKER_NICENESS] == "5"  # the caller's own choice is kept
 
 
 class FakeRay:

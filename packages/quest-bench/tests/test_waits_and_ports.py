@@ -134,3 +134,25 @@ def test_one_process_starts_a_local_instance_twice():
     proc = subprocess.run([sys.executable, "-c", TWO_INSTANCES], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["42", "42"], proc.stdout
+
+
+NICENESS = """
+import os
+from quest_bench.sweep import ray_session
+os.environ.pop("RAY_worker_niceness", None)
+for _ in range(2):
+    with ray_session(None, 0) as ray:
+        print(ray.get(ray.remote(lambda: os.nice(0)).remote()))
+    os.environ["RAY_worker_niceness"] = "7"  # the caller's own choice
+"""
+
+
+@pytest.mark.slow
+def test_runs_of_a_local_instance_get_the_sweep_s_priority_unless_the_caller_chose_one():
+    """Ray starts its workers at niceness 15: beside busy processes a 2-run tiny sweep did not finish in 30 min."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", NICENESS], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["0", "7"], proc.stdout

@@ -460,6 +460,9 @@ def free_port() -> int:
 AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "runtime_env_agent_port", "dashboard_agent_listen_port")
 
 
+WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet when it starts; Ray's default is 15
+
+
 def startup_wait_env(wait_s: float) -> dict[str, str]:
     """Ray's start-up waits (read from the environment by its processes) scaled to ``wait_s`` seconds."""
     return {"RAY_gcs_server_port_wait_time_s": str(int(wait_s)),
@@ -480,6 +483,9 @@ def startup_settings(wait_s: float):
       (``RAY_worker_register_timeout_seconds``), the dashboard process (``RAY_DASHBOARD_STARTUP_TIMEOUT_S``) and the
       driver's wait for the raylet to register, a fixed 30 s loop around ``services.get_node`` in ``Node.__init__``
       (each call is retried here until ``wait_s`` has passed);
+    - the runs at the sweep's own priority: Ray starts its workers at niceness 15, so on a machine where other
+      processes keep the cores busy they got ~2% of a core each and a 2-run tiny sweep did not finish in 30 minutes;
+      ``RAY_worker_niceness`` is 0 unless the caller set it (a value in the environment is kept);
     - Ctrl-C and SIGTERM stay with the caller: Ray's own SIGTERM handler (``sys.exit`` in the middle of start-up)
       is not installed, so the command line's handler stops the start-up like Ctrl-C.
     """
@@ -488,7 +494,7 @@ def startup_settings(wait_s: float):
     import ray._private.utils as ray_utils
     from ray._private import ray_constants
 
-    knobs = startup_wait_env(wait_s)
+    knobs = {**startup_wait_env(wait_s), WORKER_NICENESS: os.environ.get(WORKER_NICENESS, "0")}
     saved_env = {k: os.environ.get(k) for k in knobs}
     saved = (parameter.RayParams, services.get_node, ray_utils.set_sigterm_handler,
              ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S, services.start_ray_process)
