@@ -145,11 +145,14 @@ def test_leaderboard_mce_relative_to_softmax(tmp_path):
             result.task, result.seed = "image-cls", seed
             result.metrics.update({f"corruption_error/{c}": e for c, e in errs.items()})
             store.write(spec, result)
-    md = (write_leaderboard(store, "suite") / "README.md").read_text()
-    assert "| mCE vs softmax (%) ↓ | Δ mCE (paired) |" in md
-    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| softmax |") or line.startswith("| quest |")}
-    assert rows["softmax"].endswith("| 100.0 ± 6.4 (n=2) | — | 0 | 0 |")  # the reference, with its own noise
-    assert rows["quest"].endswith("| 60.2 ± 0.0 (n=2) | -39.773 (n=2: -35.227, -44.318; sign-flip p=0.5) | 0 | 0 |")
+    board = write_leaderboard(store, "suite")
+    md = (board / "README.md").read_text()
+    assert "| variant | mCE vs softmax (%) ↓ | Δ mCE (paired) |" in md  # its own table, after the task's runs table
+    assert "| softmax | 100.0 ± 6.4 (n=2) | — |" in md  # the reference, with its own noise
+    assert "| quest | 60.2 ± 0.0 (n=2) | -39.773 (n=2: -35.227, -44.318; sign-flip p=0.5) |" in md
+    mce = json.loads(next((board / "tables").glob("*-image-cls_tiny-mCE.json")).read_text())
+    assert [(r["variant"], round(r["mCE vs softmax (%) ↓: mean"], 1)) for r in mce] == [("softmax", 100.0),
+                                                                                          ("quest", 60.2)]
     assert "needs at least 6 paired runs per comparison, and these boards have at most 2" in md
 
 
@@ -195,10 +198,10 @@ def test_leaderboard_page_summary_provenance_tables_and_a_copyable_folder(tmp_pa
     assert "| finished | 2026-12-01T00:00:00+00:00 to 2026-12-03T00:00:00+00:00 |" in md
     tables = sorted(p.name for p in (folder / "tables").iterdir())
     assert tables == ["01-Summary_vs_softmax.csv", "01-Summary_vs_softmax.json", "02-Verdicts_one_decision_rule.csv",
-                      "02-Verdicts_one_decision_rule.json", "03-lm_tiny.csv", "03-lm_tiny.json",
+                      "02-Verdicts_one_decision_rule.json", "03-lm_tiny-runs.csv", "03-lm_tiny-runs.json",
                       "04-Provenance.csv", "04-Provenance.json", "results.csv", "results.json"]  # the numbers as numbers
     assert "no verdict: n = 3 < 10 pairs" in md  # the decision rule's table: 3 pairs decide nothing
-    rows = json.loads((folder / "tables" / "03-lm_tiny.json").read_text())
+    rows = json.loads((folder / "tables" / "03-lm_tiny-runs.json").read_text())
     assert [r["variant"] for r in rows] == ["softmax", "quest"] and rows[1]["n"] == 3  # a number, not "3"
     page = (folder / "index.html").read_text()
     assert "`" not in page and "<code>valid_ppl</code>" in page

@@ -578,7 +578,8 @@ def cell_success_table(b: TaskBoard) -> list:
             f"p-values are per cell and uncorrected; with {seeds} pairs per cell the smallest exact p is "
             f"{2 / 2 ** seeds:.3g}" + (", so no single cell can reach p < 0.05: read the cells as a map and the pooled "
                                      "table above for tests." if 2 / 2 ** seeds >= 0.05 else "."))
-    table = Table([Text("cell"), Text("variant"), *binary, *([Text("{} (Δ, p)", score)] if score else [])])
+    table = Table([Text("cell"), Text("variant"), *binary, *([Text("{} (Δ, p)", score)] if score else [])],
+                  caption="by cell")
     for cell in b.grid_cells():
         sub = b.in_cell(cell)
         label = cell_text(json.loads(cell))
@@ -754,11 +755,9 @@ def task_section(b: TaskBoard, tuned: list, figures: list[str], links: list[str]
     extras = [m for m in b.directions if m != b.primary]
     blocks = [f"## {md(b.title)}", "", f"Primary metric: `{md_code(b.primary)}` ({arrow} is better).", "",
               *conventions_note(b)]
-    with_mce = bool(b.corruptions()) and BASELINE in b.variants
     rate = [Text("success rate [Wilson 95%]")] if b.binary else []
     table = Table([Text("variant"), Text("n"), Text("{} mean ± std", b.primary), *rate, Text(f"Δ vs {BASELINE}"),
-                   *extras, *([Text("mCE vs softmax (%) ↓"), Text("Δ mCE (paired)")] if with_mce else []),
-                   Text("diverged"), Text("failed")])
+                   *extras, Text("diverged"), Text("failed")], caption="runs")
     for r in b.rows():
         v = r["variant"]
         rate_cell = []
@@ -770,13 +769,13 @@ def task_section(b: TaskBoard, tuned: list, figures: list[str], links: list[str]
                            delta_cell(r.get("delta"), b.binary),
                            *[success_cell(b, v, m) if b.is_binary(m)
                              else mean_value(*r["extra"][m], len(b.values(v, m))) for m in extras],
-                           *(b.mce_cells(v) if with_mce else []), r["diverged"], r["failed"]])
+                           r["diverged"], r["failed"]])
     blocks += [table, "", *tuned]
     cells = b.grid_cells()
     if len(cells) > 1 and b.binary:
         blocks += cell_success_table(b)
     elif len(cells) > 1:
-        grid = Table([Text("overrides"), *b.variants])
+        grid = Table([Text("overrides"), *b.variants], caption="by cell")
         for cell in cells:
             row = [cell_text(json.loads(cell))]
             for v in b.variants:
@@ -786,15 +785,24 @@ def task_section(b: TaskBoard, tuned: list, figures: list[str], links: list[str]
         blocks += [f"`{md_code(b.primary)}` by grid cell (mean over the n seeds of each cell):", "", grid, ""]
     if b.margin_rates():
         blocks += margin_table(b)
-    if with_mce:
-        blocks += [f"mCE: per run and corruption ({', '.join(map(md, b.corruptions()))}), the error summed over its "
-                   f"severities relative to `{BASELINE}`'s mean over runs, averaged over corruptions; 100 = as robust "
-                   f"as `{BASELINE}` on average, and `{BASELINE}`'s own spread shows its seed noise. Δ mCE is paired "
-                   "on the seed (and grid cell), uncorrected.", ""]
+    blocks += mce_table(b)
     blocks += [f"![{name}]({name})" for name in figures] + [""]
     if links:
         blocks += ["Per-run figures: " + " · ".join(links), ""]
     return blocks
+
+
+def mce_table(b: TaskBoard) -> list:
+    """Mean corruption error per variant relative to softmax (``TaskBoard.mce``), with its paired Δ; nothing for a
+    task without corruption metrics or without softmax runs."""
+    if not b.corruptions() or BASELINE not in b.variants:
+        return []
+    table = Table([Text("variant"), Text("mCE vs softmax (%) ↓"), Text("Δ mCE (paired)")], caption="mCE")
+    table.rows += [[v, *b.mce_cells(v)] for v in b.variants]
+    return [f"mCE: per run and corruption ({', '.join(map(md, b.corruptions()))}), the error summed over its "
+            f"severities relative to `{BASELINE}`'s mean over runs, averaged over corruptions; 100 = as robust as "
+            f"`{BASELINE}` on average, and `{BASELINE}`'s own spread shows its seed noise. Δ mCE is paired on the "
+            "seed (and grid cell), uncorrected.", "", table, ""]
 
 
 def cell_text(cell: dict) -> Text:
@@ -835,7 +843,8 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = 
     scores = {}
     table = Table([Text("variant"), Text("at the default: {} (n)", b.primary), Text(f"Δ vs {BASELINE}"),
                    Text("best cell (by {})", val), Text("{} there", val), Text("{} at the best cell (n)", b.primary),
-                   Text(f"Δ vs {BASELINE}, each at its best"), Text("diverged / failed in the search")])
+                   Text(f"Δ vs {BASELINE}, each at its best"), Text("diverged / failed in the search")],
+                  caption="tuned")
     lines = [f"**Equal tuning budget** over {space} × the seeds (AlgoPerf-style external tuning): per variant the "
              f"cell with the best mean `{md_code(val)}` over its seeds (every seed finished) is chosen on validation, "
              f"and its test `{md_code(b.primary)}` is reported; the default recipe ({default_label}) beside it. Δ vs `{BASELINE}` is "
@@ -898,7 +907,7 @@ def margin_table(b: TaskBoard) -> list:
     rates = ", ".join(f"{r:g}" for r in b.margin_rates())
     note = f", {md(conv.stability_note)}" if conv.stability_note else ""
     table = Table([Text("variant"), Text("largest stable {}", conv.stability_axis), Text("stable runs"),
-                   Text("best {}", b.primary), Text("at {}", conv.stability_axis)])
+                   Text("best {}", b.primary), Text("at {}", conv.stability_axis)], caption="stability margin")
     for v in b.variants:
         m = b.margin(v)
         table.rows.append([v, Text("none") if m["largest"] is None else Num(m["largest"], f"{m['largest']:g}"),

@@ -142,10 +142,12 @@ def cell_data(cell: Cell):
 class Table:
     """One table of the report: column headers, rows of cells (``Cell``), and where the data files name it.
 
-    ``section``: the heading it appears under (its CSV/JSON files are named ``NN-<section>``); set by the page."""
+    ``caption``: what the table is, where a section holds several (its data files are then named
+    ``NN-<section>-<caption>``); ``section``: the heading it appears under, set by the page."""
 
     columns: list[Cell]
     rows: list[list[Cell]] = field(default_factory=list)
+    caption: str = ""
     section: str = ""
 
     def __post_init__(self):
@@ -223,12 +225,12 @@ class Page:
 
 
 def write_data(tables: list[Table], folder: Path, slug) -> list[str]:
-    """Each table as ``NN-<section>.csv`` and ``.json`` (a list of row objects) in ``folder``, numbered in page
-    order; returns the file names."""
+    """Each table as ``NN-<section>[-<caption>].csv`` and ``.json`` (a list of row objects) in ``folder``, numbered
+    in page order; returns the file names."""
     folder.mkdir(parents=True, exist_ok=True)
     names = []
     for i, table in enumerate(tables, 1):
-        name = f"{i:02d}-{slug(table.section)[:60]}"
+        name = f"{i:02d}-{slug(table.section)[:60]}" + (f"-{slug(table.caption)}" if table.caption else "")
         with open(folder / f"{name}.csv", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(table.header())
