@@ -16,6 +16,10 @@ from quest_sdk.task import Resources, Task, Throughput, transformer_train_flops
 
 @dataclass
 class SegmentationConfig:
+    """Not a ``quest_sdk.config.TrainingConfig``: mmengine's Runner trains, and the optimizer, its schedule, warm-up,
+    clipping and precision are the mmseg config file's (``config``); ``iters``, ``batch_size`` and ``lr`` override
+    the file's values (0 keeps them)."""
+
     config: str = "segmenter_vit-tiny_mosaics-64x64.py"  # an mmseg config: in quest_segmentation/configs, or a path.
     # mmseg configs are Python files: a path given here is executed, so pass only configs you trust
     dataset: str = param("mosaics", choices=("mosaics", "ade20k"))  # mosaics (generated from the photos bundled in
