@@ -256,3 +256,38 @@ def test_each_published_leaderboard_is_what_its_folder_regenerates(suite, tmp_pa
     ours = {n: b for n, b in files(tmp_path / "lb").items() if not n.endswith(".png") and n != "index.html"}
     committed = {n: b for n, b in files(folder / "leaderboard").items() if not n.endswith(".png")}
     assert ours == committed
+
+
+def test_suites_that_tune_and_confirm_alike_publish_as_one_leaderboard(tmp_path, capsys):
+    """Two tuned suites (one task each) published together: one folder, one leaderboard over both tasks, equal to
+    the merged leaderboard of their results and regenerated from the folder alone; suites that tune differently,
+    or no --name, are refused before anything is written."""
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    files_of = {}
+    for name, task, tune in (("one", "spurious", "tune: [lr]\n"), ("two", "timeseries", "tune: [lr]\n"),
+                             ("untuned", "timeseries", "")):
+        suite_file = tmp_path / f"{name}.yaml"
+        suite_file.write_text(f"name: {name}\ntasks: [{task}]\nvariants: [softmax, quest]\nseeds: [0, 1, 2]\n"
+                              f"grid:\n  lr: [0.001, 0.01]\n{tune}")
+        store = Store(results / name)
+        for spec in load_suite(str(suite_file)).specs:
+            store_run(store, spec)
+        files_of[name] = str(suite_file)
+    merged = ["--suite", files_of["one"], "--suite", files_of["two"], "--results", str(results)]
+    assert main(["leaderboard", *merged, "--out", str(tmp_path / "a")]) == 0
+    assert main(["publish", *merged, "--out", str(docs)]) == 2
+    assert "needs --name NAME" in capsys.readouterr().err
+    assert main(["publish", "--suite", files_of["one"], "--suite", files_of["untuned"], "--results", str(results),
+                 "--name", "both", "--out", str(docs)]) == 2
+    assert "must tune and confirm alike" in capsys.readouterr().err and not docs.exists()
+    assert main(["publish", *merged, "--name", "both", "--out", str(docs)]) == 0
+    manifest = json.loads((docs / "both" / "manifest.json").read_text())
+    assert manifest["suite"] == "both" and manifest["runs"] == 24 and manifest["tune"] == ["lr"]
+    assert manifest["tasks"] == ["spurious (tiny)", "timeseries (tiny)"]
+    assert main(["leaderboard", "--from", str(docs / "both"), "--out", str(tmp_path / "b")]) == 0
+    ours, theirs = files(tmp_path / "b"), files(tmp_path / "a")
+    assert sorted(ours) == sorted(theirs)
+    assert [n for n in ours if ours[n] != theirs[n] and n not in ("index.html", "README.md")] == []
+    title = lambda text: text.decode().split("\n", 1)  # noqa: E731  (the merged page's title names its suites)
+    assert title(ours["README.md"])[1] == title(theirs["README.md"])[1]
+    assert title(ours["README.md"])[0] == "# Leaderboard: both"

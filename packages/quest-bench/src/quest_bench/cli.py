@@ -441,18 +441,31 @@ def suite_selection(runs, given: list[str]) -> tuple[set[str], tuple[str, ...], 
 
 
 def cmd_publish(args) -> int:
-    """`publish --suite S`: the suite's runs as data in <out>/S (quest_bench.publish)."""
+    """`publish --suite S`: the suite's runs as data in <out>/S (quest_bench.publish); several suites (repeated
+    --suite) together in <out>/<--name>, one leaderboard across their tasks, if they tune and confirm alike."""
     from quest_bench.publish import folder_bytes, publish
     from quest_bench.runs import collect
+    from quest_bench.spec import check_name
     from quest_bench.suite import suite_name
 
     check_results_folder(Path(args.results))
-    name = suite_name(args.suite)
-    if not (Path(args.results) / name / "runs").is_dir():
-        raise ValueError(f"no results for suite {name!r} under {args.results}; run `quest-bench sweep --suite {name}` "
-                         "first, or pass --results FOLDER")
-    runs = collect(Path(args.results), [name], False)
-    run_ids, tune, confirm = suite_selection(runs, [args.suite])
+    names = [suite_name(s) for s in args.suite]
+    if len(names) > 1 and not args.name:
+        raise ValueError(f"publishing {len(names)} suites together needs --name NAME: the folder and title of the "
+                         "publication")
+    name = check_name("publication (--name)", args.name) if args.name else names[0]
+    for suite in names:
+        if not (Path(args.results) / suite / "runs").is_dir():
+            raise ValueError(f"no results for suite {suite!r} under {args.results}; run `quest-bench sweep --suite "
+                             f"{suite}` first, or pass --results FOLDER")
+    runs = collect(Path(args.results), names, False)
+    protocols = {suite: suite_selection(runs, [given])[1:] for suite, given in zip(names, args.suite)}
+    if len(set(protocols.values())) > 1:
+        raise ValueError("suites published together must tune and confirm alike (one leaderboard decides them "
+                         "together); tune keys and stage-2 seeds: " + "; ".join(
+                             f"{suite}: tune {list(t) or 'none'}, confirm {list(c) or 'none'}"
+                             for suite, (t, c) in protocols.items()))
+    run_ids, tune, confirm = suite_selection(runs, args.suite)
     folder = publish(runs, runs.matching(run_ids), name, Path(args.out), tune, confirm)
     print(f"published {name}: {folder} ({folder_bytes(folder):,} bytes); regenerate its leaderboard with "
           f"`quest-bench leaderboard --from {folder}`")
@@ -674,7 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pub = sub.add_parser("publish", help="a suite's runs as data to commit: run table, curves, leaderboard tables "
                          "and figures in docs/results/<suite> (see docs/results.md)")
-    pub.add_argument("--suite", required=True, help="suite name or file")
+    pub.add_argument("--suite", required=True, action="append", help="suite name or file (repeat, with --name, "
+                     "to publish suites that tune and confirm alike as one leaderboard across their tasks)")
+    pub.add_argument("--name", help="the folder and title of suites published together (default: the suite's name)")
     pub.add_argument("--results", default="results", help="results folder (default: ./results)")
     pub.add_argument("--out", default="docs/results", help="where the suite's folder goes (default: docs/results)")
     pub.set_defaults(fn=cmd_publish)
