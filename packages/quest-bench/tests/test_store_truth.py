@@ -139,6 +139,17 @@ def test_a_tampered_index_row_is_rebuilt_from_the_folder(tmp_path):
         assert con.execute("SELECT status FROM runs WHERE run_id = ?", (failed.run_id,)).fetchone() == ("failed",)
 
 
+def test_a_run_missing_from_the_index_is_added_back(tmp_path):
+    """A sweep's driver killed between a run's result.json and its index row: the next read (a sweep starts with
+    one) adds the row."""
+    store, specs = filled(tmp_path)
+    with sqlite3.connect(store.db_path) as con:
+        con.execute("DELETE FROM runs WHERE run_id = ?", (specs[0].run_id,))
+    assert specs[0].run_id in {r.run_id for r in store.load(warn=False)}
+    with sqlite3.connect(store.db_path) as con:
+        assert con.execute("SELECT count(*) FROM runs WHERE run_id = ?", (specs[0].run_id,)).fetchone() == (1,)
+
+
 def test_a_result_restored_with_an_older_timestamp_is_seen(tmp_path, capsys):
     store, specs = filled(tmp_path)
     target = specs[0]

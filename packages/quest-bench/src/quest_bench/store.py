@@ -200,11 +200,12 @@ class Store:
         except (sqlite3.Error, OSError):
             return None
 
-    def load(self) -> list[RunResult]:
+    def load(self, warn: bool = True) -> list[RunResult]:
         """All valid results, read from the run folders (the truth; invalid ones reported and skipped). The index
         is brought in line when any of its rows differs from its folder (content, status, a missing or extra row,
-        a database that cannot be read); a results folder that cannot be written is only read."""
-        results, rows, _ = self._scan()
+        a database that cannot be read); a results folder that cannot be written is only read. ``warn``: print a
+        line per corrupt folder."""
+        results, rows, _ = self._scan(warn)
         if self._index_rows() != set(rows):
             try:
                 self._write_index(rows)

@@ -283,6 +283,8 @@ def run_sweep(suite: Suite, results_dir: Path, address: str | None = None, data_
             print(f"waiting for resources: {need}; giving up after "
                   f"{run_timeout or get_task(spec.task).timeout_for(spec.preset):g} s (--run-timeout)", file=sys.stderr)
         with store.lock(wait):
+            store.load(warn=False)  # the index in line with the run folders: a driver killed between a run's result.json and
+            # its index row left the run out of the index
             todo = todo_specs(suite, store)  # another driver may have finished some while we waited for the lock
             counts["skipped"] = len(suite.specs) - len(todo)
             print(f"suite {suite.name}: {len(suite.specs)} runs, {counts['skipped']} already finished, {len(todo)} "
