@@ -208,6 +208,21 @@ def test_doc_blocks_must_equal_the_regenerated_tables(published, tmp_path):
     assert publish_main(["fill", str(doc), "--results", str(root)]) == 1  # nothing to fill them from
 
 
+def test_a_doc_block_may_name_its_table_without_the_page_number(published, tmp_path):
+    """``Provenance`` finds ``NN-Provenance`` wherever the page puts it; the block says which table it holds."""
+    root = published["folder"].parent
+    numbered = next((published["folder"] / "leaderboard" / "tables").glob("*-Provenance.csv"))
+    doc = tmp_path / "page.md"
+    doc.write_text(f"<!-- results:{SUITE}:Provenance -->\n<!-- /results -->\n"
+                   f"<!-- results:{SUITE}:vance -->\n<!-- /results -->\n")
+    assert publish_main(["fill", str(doc), "--results", str(root)]) == 1  # "vance" is no table's name
+    text = doc.read_text()
+    assert markdown_table(numbered) in text and f"(table {numbered.stem})" in text
+    assert text.startswith(f"<!-- results:{SUITE}:Provenance -->\n")
+    problems = doc_problems([doc], root)
+    assert len(problems) == 1 and "no table 'vance'" in problems[0]
+
+
 @pytest.mark.parametrize("cell, text", [("0.3046875", "0.3047"), ("0.041146169165", "0.04115"), ("10", "10"),
                                         ("-3", "-3"), ("1.8e-25", "1.8e-25"), ("nan", "nan"),
                                         ("+0.014 [-0.0156, +0.0435]", "+0.014 [-0.0156, +0.0435]"), ("quest", "quest")])

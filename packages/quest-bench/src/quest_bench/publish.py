@@ -298,6 +298,17 @@ def markdown_table(csv_path: Path) -> str:
     return "\n".join([line(rows[0]), "|" + "---|" * len(rows[0]), *map(line, rows[1:])]) + "\n"
 
 
+def table_file(tables: Path, table: str) -> Path | None:
+    """The CSV of a leaderboard table named by its file name (``04-Verdicts_one_decision_rule``) or by that name
+    without its page number (``Verdicts_one_decision_rule``, which stays right when tables are added before it);
+    None when there is no such table."""
+    exact = tables / f"{table}.csv"
+    if exact.is_file():
+        return exact
+    numbered = [p for p in sorted(tables.glob("*.csv")) if re.fullmatch(rf"\d+-{re.escape(table)}", p.stem)]
+    return numbered[0] if len(numbered) == 1 else None
+
+
 def block_text(doc: Path, published: Path, regenerated: Path, table: str) -> str:
     """What the block ``results:SUITE:TABLE`` of the Markdown file ``doc`` holds: the table regenerated from the
     published suite ``published`` (its leaderboard in ``regenerated``), and a link to the published leaderboard."""
@@ -327,7 +338,8 @@ def pairs_block_text(doc: Path, published: Path, table: str) -> str:
 
 def result_blocks(paths: list[Path], results_root: Path, fill: bool = False) -> list[str]:
     """Every block marked ``<!-- results:SUITE:TABLE -->`` … ``<!-- /results -->`` in the Markdown files ``paths``
-    compared with ``block_text`` for TABLE (a file name in tables/, without .csv) regenerated from
+    compared with ``block_text`` for TABLE (a file name in tables/, without .csv, with or without its ``NN-`` page
+    number: ``table_file``) regenerated from
     ``results_root/SUITE`` (or ``pairs_block_text`` for a TABLE named pairs/A,B/BY/METRIC): one line per block that
     differs or names a suite or table that is not there (none: every block is current). ``fill``: rewrite the blocks
     that differ instead (then only the missing ones are named)."""
@@ -354,11 +366,13 @@ def result_blocks(paths: list[Path], results_root: Path, fill: bool = False) -> 
                 if isinstance(regenerated[suite], ValueError):
                     problems.append(f"{where}: {regenerated[suite]}")
                     return match.group(0)
-                if not (regenerated[suite] / "tables" / f"{table}.csv").is_file():
+                found = table_file(regenerated[suite] / "tables", table)
+                if found is None:
                     known = ", ".join(p.stem for p in sorted((regenerated[suite] / "tables").glob("*.csv")))
                     problems.append(f"{where}: no table {table!r}; the suite's tables: {known}")
                     return match.group(0)
-                return keep_or_fill(match, block_text(path, Path(results_root) / suite, regenerated[suite], table))
+                return keep_or_fill(match, block_text(path, Path(results_root) / suite, regenerated[suite],
+                                                      found.stem))
 
             def keep_or_fill(match: re.Match, wanted: str) -> str:
                 suite, table, block = match.groups()
