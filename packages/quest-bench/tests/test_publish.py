@@ -273,21 +273,27 @@ def test_each_published_leaderboard_is_what_its_folder_regenerates(suite, tmp_pa
     assert ours == committed
 
 
+def lr_suites(tmp_path: Path, results: Path, tasks: dict[str, str]) -> dict[str, str]:
+    """Suite files (name -> task; tuned on lr unless the name is "untuned") over lr {1e-3, 1e-2} × seeds 0-2, each
+    with its runs stored under ``results``; returns the files by name."""
+    files_of = {}
+    for name, task in tasks.items():
+        suite_file = tmp_path / f"{name}.yaml"
+        suite_file.write_text(f"name: {name}\ntasks: [{task}]\nvariants: [softmax, quest]\nseeds: [0, 1, 2]\n"
+                              f"grid:\n  lr: [0.001, 0.01]\n" + ("" if name == "untuned" else "tune: [lr]\n"))
+        store = Store(results / name)
+        for spec in load_suite(str(suite_file)).specs:
+            store_run(store, spec)
+        files_of[name] = str(suite_file)
+    return files_of
+
+
 def test_suites_that_tune_and_confirm_alike_publish_as_one_leaderboard(tmp_path, capsys):
     """Two tuned suites (one task each) published together: one folder, one leaderboard over both tasks, equal to
     the merged leaderboard of their results and regenerated from the folder alone; suites that tune differently,
     or no --name, are refused before anything is written."""
     results, docs = tmp_path / "results", tmp_path / "docs"
-    files_of = {}
-    for name, task, tune in (("one", "spurious", "tune: [lr]\n"), ("two", "timeseries", "tune: [lr]\n"),
-                             ("untuned", "timeseries", "")):
-        suite_file = tmp_path / f"{name}.yaml"
-        suite_file.write_text(f"name: {name}\ntasks: [{task}]\nvariants: [softmax, quest]\nseeds: [0, 1, 2]\n"
-                              f"grid:\n  lr: [0.001, 0.01]\n{tune}")
-        store = Store(results / name)
-        for spec in load_suite(str(suite_file)).specs:
-            store_run(store, spec)
-        files_of[name] = str(suite_file)
+    files_of = lr_suites(tmp_path, results, {"one": "spurious", "two": "timeseries", "untuned": "timeseries"})
     merged = ["--suite", files_of["one"], "--suite", files_of["two"], "--results", str(results)]
     assert main(["leaderboard", *merged, "--out", str(tmp_path / "a")]) == 0
     assert main(["publish", *merged, "--out", str(docs)]) == 2
@@ -306,3 +312,39 @@ def test_suites_that_tune_and_confirm_alike_publish_as_one_leaderboard(tmp_path,
     title = lambda text: text.decode().split("\n", 1)  # noqa: E731  (the merged page's title names its suites)
     assert title(ours["README.md"])[1] == title(theirs["README.md"])[1]
     assert title(ours["README.md"])[0] == "# Leaderboard: both"
+
+
+def test_a_published_suite_joins_a_new_publication_with_include(tmp_path, capsys):
+    """`publish --include DIR`: a suite published earlier (its results folder since deleted) and a suite with
+    results publish as one leaderboard, the same, figures included, as the two published from their results
+    together; an included suite that tunes differently, or holds a task the suites given run, is refused."""
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    files_of = lr_suites(tmp_path, results, {"one": "spurious", "two": "timeseries", "untuned": "image-cls"})
+    for suite_file in files_of.values():
+        assert main(["publish", "--suite", suite_file, "--results", str(results), "--out", str(docs)]) == 0
+    assert main(["publish", "--suite", files_of["one"], "--suite", files_of["two"], "--results", str(results),
+                 "--name", "both", "--out", str(tmp_path / "together")]) == 0
+    shutil.rmtree(results / "one")
+    given = ["publish", "--suite", files_of["two"], "--results", str(results), "--out", str(docs)]
+    assert main([*given, "--include", str(docs / "one")]) == 2
+    assert "needs --name NAME" in capsys.readouterr().err
+    assert main([*given, "--include", str(docs / "untuned"), "--name", "both"]) == 2
+    assert "tunes nothing" in capsys.readouterr().err and not (docs / "both").exists()
+    assert main([*given, "--include", str(docs / "two"), "--name", "both"]) == 2
+    assert "already holds timeseries (tiny)" in capsys.readouterr().err and not (docs / "both").exists()
+    assert main([*given, "--include", str(docs / "one"), "--name", "both"]) == 0
+    manifest = json.loads((docs / "both" / "manifest.json").read_text())
+    assert manifest["runs"] == 24 and manifest["tasks"] == ["spurious (tiny)", "timeseries (tiny)"]
+    ours, theirs = files(docs / "both" / "leaderboard"), files(tmp_path / "together" / "both" / "leaderboard")
+    assert sorted(ours) == sorted(theirs) and any(n.endswith(".png") for n in ours)
+    assert [n for n in ours if ours[n] != theirs[n] and n != "README.md"] == []
+    drop_provenance = lambda text: text.decode().split("## Provenance")[0]  # noqa: E731  (dirty flags may differ)
+    assert drop_provenance(ours["README.md"]) == drop_provenance(theirs["README.md"])
+
+
+def test_the_provenance_gives_each_task_s_cost(published):
+    """Per task: the sum of its runs' wall times (diverged and failed runs too) and its run count: each task has
+    2 variants × 3 learning rates × seeds 0-2 with wall_s 10 + seed, 6 × (10 + 11 + 12) s = 0.055 run-hours."""
+    text = next((published["folder"] / "leaderboard" / "tables").glob("*Provenance.json")).read_text()
+    assert "compute by task (run-hours, runs)" in text
+    assert "toy (tiny) 0.06 (18 runs); toy-b (tiny) 0.06 (18 runs)" in text

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -440,6 +441,32 @@ def suite_selection(runs, given: list[str]) -> tuple[set[str], tuple[str, ...], 
     return run_ids, tune, confirm
 
 
+def include_published(runs, run_ids: set[str], folders: list[str], tune: tuple[str, ...], confirm: tuple[int, ...],
+                      figures_dir: Path) -> dict[str, dict]:
+    """Add the runs of already published suites (``publish --include DIR``) to ``runs`` and ``run_ids``; returns
+    their curve means by board title. Each must tune and confirm as the suites published with it do, and hold none
+    of their tasks (a board's curves are averaged over all its runs, which a publication no longer has)."""
+    from quest_bench.publish import published_runs
+
+    curves: dict[str, dict] = {}
+    for i, folder in enumerate(folders or []):
+        published, means, manifest = published_runs(Path(folder), figures_dir / str(i))
+        theirs = (tuple(manifest.get("tune", ())), tuple(manifest.get("confirm", ())))
+        if theirs != (tune, confirm):
+            raise ValueError(f"--include {folder} tunes {list(theirs[0]) or 'nothing'} and confirms on seeds "
+                             f"{list(theirs[1]) or 'none'}; the suites published with it tune {list(tune) or 'nothing'}"
+                             f" and confirm on {list(confirm) or 'none'}: one leaderboard decides only alike protocols")
+        shared = {(r.task, r.preset) for r in published.results} & {
+            (r.task, r.preset) for r in runs.results if r.run_id in run_ids}
+        if shared:
+            raise ValueError(f"--include {folder} already holds {', '.join(f'{t} ({p})' for t, p in sorted(shared))}"
+                             ", which the suites given run too: publish that task from one place")
+        runs.merge(published)
+        run_ids |= {r.run_id for r in published.results}
+        curves.update(means)
+    return curves
+
+
 def cmd_publish(args) -> int:
     """`publish --suite S`: the suite's runs as data in <out>/S (quest_bench.publish); several suites (repeated
     --suite) together in <out>/<--name>, one leaderboard across their tasks, if they tune and confirm alike."""
@@ -450,9 +477,9 @@ def cmd_publish(args) -> int:
 
     check_results_folder(Path(args.results))
     names = [suite_name(s) for s in args.suite]
-    if len(names) > 1 and not args.name:
-        raise ValueError(f"publishing {len(names)} suites together needs --name NAME: the folder and title of the "
-                         "publication")
+    if (len(names) > 1 or args.include) and not args.name:
+        raise ValueError(f"publishing {len(names) + len(args.include or [])} suites together needs --name NAME: the "
+                         "folder and title of the publication")
     name = check_name("publication (--name)", args.name) if args.name else names[0]
     for suite in names:
         if not (Path(args.results) / suite / "runs").is_dir():
@@ -466,7 +493,10 @@ def cmd_publish(args) -> int:
                              f"{suite}: tune {list(t) or 'none'}, confirm {list(c) or 'none'}"
                              for suite, (t, c) in protocols.items()))
     run_ids, tune, confirm = suite_selection(runs, args.suite)
-    folder = publish(runs, runs.matching(run_ids), name, Path(args.out), tune, confirm)
+    run_ids = runs.matching(run_ids)
+    with tempfile.TemporaryDirectory() as figures_dir:
+        curves = include_published(runs, run_ids, args.include, tune, confirm, Path(figures_dir))
+        folder = publish(runs, run_ids, name, Path(args.out), tune, confirm, curves)
     print(f"published {name}: {folder} ({folder_bytes(folder):,} bytes); regenerate its leaderboard with "
           f"`quest-bench leaderboard --from {folder}`")
     return 0
@@ -690,6 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--suite", required=True, action="append", help="suite name or file (repeat, with --name, "
                      "to publish suites that tune and confirm alike as one leaderboard across their tasks)")
     pub.add_argument("--name", help="the folder and title of suites published together (default: the suite's name)")
+    pub.add_argument("--include", action="append", metavar="DIR", help="a published suite (docs/results/<suite>) "
+                     "whose runs join this publication, as if their suite were given (repeatable; it must tune and "
+                     "confirm alike and hold other tasks): adds tasks to a publication whose results folder is gone")
     pub.add_argument("--results", default="results", help="results folder (default: ./results)")
     pub.add_argument("--out", default="docs/results", help="where the suite's folder goes (default: docs/results)")
     pub.set_defaults(fn=cmd_publish)

@@ -669,6 +669,10 @@ def provenance(boards: list[TaskBoard]) -> list:
         [Text("packages"), listed([(k, "/".join(sorted(v))) for k, v in sorted(packages.items())], "{} {}")],
         [Text("machines"), listed(hosts, "{} ({}, {} threads)")],
         [Text("compute (run-hours: the sum of the runs' wall times)"), Num(hours, f"{hours:.2f}")]])
+    if len(boards) > 1:  # what each task cost, e.g. to plan confirming it again or at a larger preset
+        table.rows.append([Text("compute by task (run-hours, runs)"), listed(
+            [(b.title, f"{sum(r.cost.get('wall_s', 0.0) for r in b.runs) / 3600:.2f}", str(len(b.runs)))
+             for b in boards], "{} {} ({} runs)", "; ")])
     undeclared = [b for b in boards if b.conventions.undeclared]
     if undeclared:
         table.rows.append([Text("conventions (curves, stability axis and metric, robustness metric)"), listed(

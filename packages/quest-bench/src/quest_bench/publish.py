@@ -133,10 +133,11 @@ def check_target(target: Path) -> None:
 
 
 def publish(runs: RunSet, run_ids: set[str], suite: str, out_root: Path, tune: tuple[str, ...] = (),
-            confirm: tuple[int, ...] = ()) -> Path:
+            confirm: tuple[int, ...] = (), curves: dict[str, dict] | None = None) -> Path:
     """Publish the runs of ``runs`` whose ids are in ``run_ids`` (``RunSet.matching`` of the suite's specs) to
-    ``out_root/suite``; returns that folder. The folder is built aside and moved into place, after checking that
-    ``leaderboard_from`` regenerates its README.md and tables byte for byte."""
+    ``out_root/suite``; returns that folder. ``curves``: the curve means of boards whose runs come from a published
+    suite (``published_runs``; by board title), which has no events files to average. The folder is built aside and
+    moved into place, after checking that ``leaderboard_from`` regenerates its README.md and tables byte for byte."""
     from quest_bench.leaderboard import curve_means, run_figure_path, write_leaderboard
     from quest_bench.runner import git_state
 
@@ -156,7 +157,8 @@ def publish(runs: RunSet, run_ids: set[str], suite: str, out_root: Path, tune: t
         plotted: dict[str, tuple] = {}  # board title -> (the board a curves figure shows, its curve means)
 
         def record(shown):
-            plotted[shown.title] = (shown, curve_means(shown, kept.folders))
+            means = (curves or {}).get(shown.title)
+            plotted[shown.title] = (shown, curve_means(shown, kept.folders) if means is None else means)
             return plotted[shown.title][1]
 
         board = write_leaderboard(kept, suite, None, staging / LEADERBOARD, tune, confirm, record)
