@@ -154,6 +154,8 @@ def test_the_leaderboard_chooses_on_stage_one_reports_stage_two_and_decides_acro
     quest_row = next(line for line in tuned.splitlines() if line.startswith("| quest"))
     assert "lr=0.001" in softmax_row and "lr=0.01" in quest_row and "(10)" in quest_row  # stage 2's n
     assert quest_row.endswith("0 / 0 of 6 |")  # the search: 2 cells × 3 seeds, stage 2 not counted
+    # the tuned table's Δ at the best cell is the mean alone: the Verdicts section's interval and p decide it
+    assert "(n=10; decided in Verdicts)" in quest_row and "sign-flip" not in quest_row and "[" not in quest_row
     verdicts = text.split("## Verdicts (one decision rule)")[1].split("\n## ")[0]
     row = next(line for line in verdicts.splitlines() if line.startswith("| spurious (tiny) | quest"))
     cells = [c.strip() for c in row.strip("|").split("|")]

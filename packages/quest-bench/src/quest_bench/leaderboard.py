@@ -554,6 +554,15 @@ def delta_cell(delta: dict | None, binary: bool) -> Text:
     return Text(delta_text(delta, binary), data=delta_data(delta))
 
 
+def confirmed_delta_cell(delta: dict | None) -> Text:
+    """A confirmed comparison's Δ in a task's tuned table: the mean and n alone, since the Verdicts section's
+    interval and p (Holm over the page) decide it; a second, per-task interval and p beside them could disagree."""
+    if not delta or not delta["n_pairs"]:
+        return Text("—")
+    return Text(f"{delta['mean']:+.3f} (n={delta['n_pairs']}; decided in Verdicts)",
+                data={"mean": delta["mean"], "n": delta["n_pairs"]})
+
+
 def success_cell(b: TaskBoard, variant: str, metric: str) -> Text:
     """k/n successes of a binary metric; for a variant other than softmax also the exact McNemar p-value against
     softmax on the same pairs (uncorrected)."""
@@ -854,7 +863,8 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = 
              f"and its test `{md_code(b.primary)}` is reported; the default recipe ({default_label}) beside it. Δ vs `{BASELINE}` is "
              "paired on the seed (each variant at its own cell), Holm-corrected over the variants per column."
              + (f" Tune, then confirm: the cell is chosen on the search's seeds and the best-cell columns report stage 2 "
-                f"only (seeds {', '.join(map(str, confirm))}, fresh); the Verdicts section decides." if confirm else ""),
+                f"only (seeds {', '.join(map(str, confirm))}, fresh); the Verdicts section decides, so its Δ shows no interval or "
+                f"p of its own." if confirm else ""),
              "", table]
     for v in b.variants:
         def mean_of(c):
@@ -869,7 +879,7 @@ def tuned_table(b: TaskBoard, keys: tuple[str, ...], confirm: tuple[int, ...] = 
         table.rows.append([
             v, mean_of(at_default[v]), delta_cell(d_default.get(v), False), cell_label(options[v], c),
             Num(c.validation, fmt(c.validation)) if c else Text("—"), mean_of(reported[v]),
-            delta_cell(d_best.get(v), False),
+            confirmed_delta_cell(d_best.get(v)) if confirm else delta_cell(d_best.get(v), False),
             Text(f"{sum(r.status == 'diverged' for r in runs)} / {sum(r.status == 'failed' for r in runs)} of {len(runs)}")])
     if any(c and tuning.edge_keys(options[v], c) for v, c in chosen.items()):
         lines += ["", "edge: the best cell lies at the smallest or largest value searched for that key, so the "
