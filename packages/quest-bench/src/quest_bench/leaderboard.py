@@ -37,6 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from quest_bench import conventions, meta, profiles, tuning  # noqa: E402
+from quest_bench.figures import save_figure  # noqa: E402
 from quest_bench.report_tables import (CSP, FIGURE, LINK, SAFE_TARGET, Num, Page, Table, Text,  # noqa: E402,F401
                                        clean, html_page, inline, link_target, md, md_code, safe_link, write_data)
 from quest_bench.result import RunResult  # noqa: E402
@@ -403,8 +404,7 @@ def bar_figure(board: TaskBoard, path: Path) -> None:
                                                  else "mean, t 95% CI (n ≥ 2)"), fontsize=9)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def read_events(run_folder: Path, keys=Task.curve_keys) -> list[dict]:
@@ -478,8 +478,7 @@ def curves_figure(board: TaskBoard, run_folders: dict[str, Path], path: Path,
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"{plot_text(board.title)}: training curves, mean over runs", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -514,8 +513,7 @@ def margin_figure(board: TaskBoard, path: Path) -> None:
     ax.set_title(f"{plot_text(board.title)}: stability margin (hollow: a seed unstable; x: none finished)", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # ---- documents ------------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as st
 
+from quest_bench.figures import save_figure
+
 BASELINE = "softmax"
 MIN_PAIRS_FOR_EFFECT = 3  # Hedges' correction J = 1 − 3/(4(n − 1) − 1) needs n ≥ 3
 STABILITY_KEY = "lr"  # the SDK's default stability axis (quest_sdk.task.Task.stability_axis); boards use their own
@@ -99,8 +101,7 @@ def forest_plot(panels: dict[str, tuple[list[dict], dict]], path: Path, title: s
     axes[0][0].invert_yaxis()
     fig.suptitle(plain(title), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plain(text: str) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from quest_bench.figures import save_figure
+
 TAUS = (1.0, 1.01, 1.02, 1.05, 1.1, 1.25, 1.5, 2.0)
 
 
@@ -51,5 +53,4 @@ def profile_figure(task_ratios: dict[str, dict[str, float]], path: Path, color, 
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
