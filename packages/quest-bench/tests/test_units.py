@@ -3,6 +3,8 @@
 import json
 import re
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -247,3 +249,34 @@ def test_a_tuned_suite_names_grid_keys_with_at_least_two_values(tmp_path):
     path.write_text("name: t\ntasks: [spurious]\nvariants: [softmax]\ngrid: {lr: [0.01]}\ntune: [lr, weight_decay]\n")
     with pytest.raises(ValueError, match=r"tune keys \['lr', 'weight_decay'\] need a grid of at least 2 values"):
         load_suite(str(path))
+
+
+def test_a_driver_killed_inside_the_index_insert_loses_no_row(tmp_path):
+    """Killed inside the INSERT, a driver leaves a hot rollback journal beside the index. The next read rebuilds the
+    index; the journal must go with the old file, or the next write rolls it back onto the new index and drops the
+    row the rebuild had added."""
+    store = Store(tmp_path / "suite")
+    first, second, third = (RunSpec("spurious", v, "tiny", 0, {}, "x") for v in ("quest", "softmax", "qknorm"))
+    store.write(first, make_result(first.run_id, "quest"))
+    folder = store.run_dir(second.run_id)
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(make_result(second.run_id, "softmax").to_json())
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, sqlite3, sys\n"
+        "from pathlib import Path\n"
+        "from quest_bench.store import Store\n"
+        "con = sqlite3.connect(Store(sys.argv[1]).db_path)\n"
+        "con.execute('PRAGMA cache_size = 1')\n"
+        "Store._upsert(con, Store._read(Path(sys.argv[2]))[1])\n"
+        "con.execute('CREATE TABLE bulk (b BLOB)')  # more than the cache holds: the journal is synced, pages spill\n"
+        "con.executemany('INSERT INTO bulk VALUES (?)', [(bytes(4096),)] * 64)\n"
+        "os._exit(0)  # no commit: the process dies inside the transaction\n"), str(store.root), str(folder)])
+    assert killed.returncode == 0
+    journal = store.db_path.with_name(store.db_path.name + "-journal")
+    assert journal.is_file() and journal.stat().st_size > 0, "the kill left no journal: the case is not exercised"
+
+    assert {r.run_id for r in store.load(warn=False)} == {first.run_id, second.run_id}
+    store.write(third, make_result(third.run_id, "qknorm"))
+    with sqlite3.connect(store.db_path) as con:
+        rows = sorted(r[0] for r in con.execute("SELECT run_id FROM runs"))
+    assert rows == sorted([first.run_id, second.run_id, third.run_id])

@@ -172,7 +172,8 @@ class Store:
 
     def _write_index(self, rows: list[tuple]) -> None:
         """The index holding exactly ``rows``, built aside and moved into place (a reader never sees it half
-        built)."""
+        built). The old file's rollback journal goes first: left by a process killed inside a transaction, it
+        would be rolled back onto the new file by the next connection, dropping rows."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.db_path.with_name(f"{self.db_path.name}.tmp-{os.getpid()}")
         tmp.unlink(missing_ok=True)
@@ -184,6 +185,8 @@ class Store:
             con.commit()
         finally:
             con.close()
+        for suffix in ("-journal", "-wal", "-shm"):
+            self.db_path.with_name(self.db_path.name + suffix).unlink(missing_ok=True)
         os.replace(tmp, self.db_path)
 
     def _index_rows(self) -> set[tuple] | None:
